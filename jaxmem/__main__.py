@@ -1,0 +1,32 @@
+"""Command line: ``python -m jaxmem demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _budget(s: str) -> float | int | str:
+  try:
+    return float(s) if "." in s else int(s)
+  except ValueError:
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="jaxmem", description="Fit a JAX train step into a memory budget.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  demo = sub.add_parser("demo", help="train a small flax MLP under half its compiled peak")
+  demo.add_argument("--batch", type=int, default=8192, help="batch size (default 8192)")
+  demo.add_argument("--steps", type=int, default=3, help="train steps (default 3)")
+  demo.add_argument("--budget", type=_budget, default=0.5,
+                    help="budget: bytes, '800MiB', or a fraction of the unplanned peak (default 0.5)")
+  args = parser.parse_args(argv)
+  if args.command == "demo":
+    from jaxmem._src.demo import run_demo
+    return run_demo(args.batch, args.steps, args.budget)
+  return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+  sys.exit(main())

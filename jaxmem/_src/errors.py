@@ -1,0 +1,47 @@
+"""Exceptions raised by jaxmem."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def format_bytes(n: float) -> str:
+  """``1536 -> '1.50 KiB'``: binary units, three significant figures."""
+  n = float(n)
+  sign = "-" if n < 0 else ""
+  n = abs(n)
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB":
+      return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+    n /= 1024
+  raise AssertionError
+
+
+class JaxmemError(Exception):
+  """Base class of jaxmem's errors."""
+
+
+class BudgetError(JaxmemError, ValueError):
+  """The step cannot be made to fit the budget.
+
+  Attributes:
+    budget_bytes: the budget that was asked for.
+    smallest_bytes: the smallest compiled peak jaxmem reached (the smallest
+      budget that would have worked), or the lower bound if nothing compiled.
+    holders: ``(description, bytes)`` of the largest buffers live at that peak.
+  """
+
+  def __init__(self, message: str, *, budget_bytes: int, smallest_bytes: int,
+               holders: Sequence[tuple[str, int]] = ()):
+    self.budget_bytes = int(budget_bytes)
+    self.smallest_bytes = int(smallest_bytes)
+    self.holders = tuple(holders)
+    lines = [message,
+             f"  budget asked:            {format_bytes(budget_bytes)} ({budget_bytes} bytes)",
+             f"  smallest peak reachable: {format_bytes(smallest_bytes)} ({smallest_bytes} bytes)"]
+    if self.holders:
+      lines.append("  largest holders at that peak:")
+      lines += [f"    {format_bytes(b):>12}  {d}" for d, b in self.holders]
+    lines.append(f"Pass a budget of at least {format_bytes(smallest_bytes)} to `jaxmem.fit`, "
+                 "reduce the batch size, or donate arguments (`donate_argnums`).")
+    super().__init__("\n".join(lines))

@@ -1,0 +1,319 @@
+"""``jaxmem.fit(budget)``: plan, rewrite, compile, verify, tighten.
+
+Per input signature (static values + argument shapes/dtypes) the step is traced
+once, compiled unplanned to learn its true peak, then planned and compiled until
+the compiled peak is within the budget (DESIGN.md, "Verify"): each round lowers
+the planner's target by the overshoot of the previous one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxmem._src import budget as budget_lib
+from jaxmem._src import rewrite
+from jaxmem._src.errors import BudgetError, format_bytes
+from jaxmem._src.plan import Plan
+from jaxmem._src.planners import get_planner
+from jaxmem._src.trace import Program, arg_names_of, check_array_args
+from jaxmem._src.verify import CompiledMemory, compiled_memory
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+  """The outcome of fitting one input signature.
+
+  Attributes:
+    budget_bytes: the budget in bytes (a fraction resolved against the unplanned peak).
+    unplanned_peak_bytes: compiled peak of plain ``jax.jit``.
+    peak_bytes: compiled peak of the fitted step (<= ``budget_bytes``).
+    plan: the plan applied (no decisions when the step already fit).
+    rounds: plan-compile rounds used (0 when the step already fit).
+    memory: compiled memory breakdown of the fitted step.
+    unplanned_memory: the same for plain ``jax.jit``.
+    planning_s: seconds spent planning, rewriting and compiling.
+  """
+  budget_bytes: int
+  unplanned_peak_bytes: int
+  peak_bytes: int
+  plan: Plan
+  rounds: int
+  memory: CompiledMemory
+  unplanned_memory: CompiledMemory
+  planning_s: float = 0.0
+
+  def summary(self) -> str:
+    saved = 1.0 - self.peak_bytes / max(1, self.unplanned_peak_bytes)
+    return "\n".join([
+        f"budget:          {format_bytes(self.budget_bytes)}",
+        f"unplanned peak:  {self.unplanned_memory}",
+        f"fitted peak:     {self.memory}  ({saved:.0%} less, "
+        f"{'within' if self.peak_bytes <= self.budget_bytes else 'OVER'} budget)",
+        f"rounds:          {self.rounds}, planning+compile {self.planning_s:.1f} s",
+    ])
+
+
+@dataclasses.dataclass
+class _Entry:
+  result: FitResult
+  jitted: Any
+  compiled: Any
+
+
+def _aval_key(leaf: Any) -> Any:
+  aval = jax.typeof(leaf) if not isinstance(leaf, jax.ShapeDtypeStruct) else leaf
+  return (tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False)))
+
+
+class Fitted:
+  """A step fitted to a memory budget; call it like a jitted function.
+
+  Created by :func:`fit`. Plans once per input signature and caches the
+  compiled executable.
+  """
+
+  def __init__(self, fun: Callable[..., Any], spec: budget_lib.BudgetSpec, *,
+               planner: Any = "auto", device: Any = None,
+               static_argnums: int | Sequence[int] = (),
+               donate_argnums: int | Sequence[int] = (),
+               max_rounds: int = 4, verbose: bool = False):
+    if not callable(fun):
+      raise TypeError(f"`jaxmem.fit(...)` decorates a callable step, got {type(fun).__name__}.")
+    self.fun = fun
+    self.spec = spec
+    self.planner = get_planner(planner)
+    self.planner_name = planner if isinstance(planner, str) else getattr(planner, "__name__", "custom")
+    self.device = device
+    self.static_argnums = _as_tuple(static_argnums, "static_argnums")
+    self.donate_argnums = _as_tuple(donate_argnums, "donate_argnums")
+    if set(self.static_argnums) & set(self.donate_argnums):
+      raise ValueError("`jaxmem.fit`: an argument cannot be both static and donated "
+                       f"(static_argnums={self.static_argnums}, donate_argnums={self.donate_argnums}).")
+    if max_rounds < 1:
+      raise ValueError(f"`max_rounds` must be >= 1, got {max_rounds}.")
+    self.max_rounds = max_rounds
+    self.verbose = verbose
+    self._cache: dict[Any, _Entry] = {}
+    functools.update_wrapper(self, fun)
+
+  # -- public ---------------------------------------------------------------
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    entry, dyn = self._entry(args, kwargs)
+    return entry.compiled(*dyn)
+
+  def lower(self, *args: Any, **kwargs: Any) -> Any:
+    """Lowers the fitted step like ``jax.jit(f).lower``; ``.compile()`` follows."""
+    entry, dyn = self._entry(args, kwargs)
+    return entry.jitted.lower(*dyn)
+
+  def fit_result(self, *args: Any, **kwargs: Any) -> FitResult:
+    """The :class:`FitResult` for these arguments (plans if needed)."""
+    return self._entry(args, kwargs)[0].result
+
+  def analyze(self, *args: Any, **kwargs: Any) -> Program:
+    """The unplanned :class:`Program` for these arguments."""
+    inner, dyn, names, _ = self._split(args, kwargs)
+    return Program(inner, dyn, donate_argnums=self._dyn_donate(len(args)), arg_names=names)
+
+  # -- internals --------------------------------------------------------------
+
+  def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+    nargs = len(args)
+    for i in self.static_argnums + self.donate_argnums:
+      if not -nargs <= i < nargs:
+        raise ValueError(f"`jaxmem.fit`: argnum {i} is out of range for a call with {nargs} "
+                         "positional arguments.")
+    static = {i % nargs for i in self.static_argnums}
+    static_vals = tuple((i, args[i]) for i in sorted(static))
+    for i, v in static_vals:
+      try:
+        hash(v)
+      except TypeError:
+        raise TypeError(f"`jaxmem.fit`: static argument {i} must be hashable, got "
+                        f"{type(v).__name__}.") from None
+    dyn_pos = [a for i, a in enumerate(args) if i not in static]
+    check_array_args(dyn_pos + [kwargs], "jaxmem.fit", static_hint=True)
+    fun = self.fun
+
+    def inner(*dyn_and_kw: Any) -> Any:
+      it = iter(dyn_and_kw[:-1])
+      full = [args[i] if i in static else next(it) for i in range(nargs)]
+      return fun(*full, **dyn_and_kw[-1])
+
+    names = arg_names_of(fun, nargs)
+    dyn_names = [n for i, n in enumerate(names) if i not in static] + ["kwargs"]
+    return inner, (*dyn_pos, dict(kwargs)), dyn_names, static_vals
+
+  def _dyn_donate(self, nargs: int) -> tuple[int, ...]:
+    static = {i % nargs for i in self.static_argnums}
+    donate = {i % nargs for i in self.donate_argnums}
+    pos = [i for i in range(nargs) if i not in static]
+    return tuple(j for j, i in enumerate(pos) if i in donate)
+
+  def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, tuple[Any, ...]]:
+    inner, dyn, names, static_vals = self._split(args, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten(dyn)
+    key = (static_vals, treedef, tuple(_aval_key(x) for x in leaves))
+    entry = self._cache.get(key)
+    if entry is None:
+      entry = self._fit(inner, dyn, names, self._dyn_donate(len(args)))
+      self._cache[key] = entry
+    return entry, dyn
+
+  def _log(self, msg: str) -> None:
+    if self.verbose:
+      print(f"[jaxmem.fit] {msg}", file=sys.stderr, flush=True)
+
+  def _fit(self, inner: Callable[..., Any], dyn: tuple[Any, ...], names: list[str],
+           donate: tuple[int, ...]) -> _Entry:
+    t0 = time.perf_counter()
+    self._log("tracing and compiling the unplanned step")
+    base_jit = jax.jit(inner, donate_argnums=donate)
+    base_compiled = base_jit.lower(*dyn).compile()
+    base_mem = compiled_memory(base_compiled)
+    budget = self.spec.resolve(base_mem.peak_bytes)
+    program = Program(inner, dyn, donate_argnums=donate, arg_names=names)
+    if base_mem.peak_bytes <= budget:
+      plan = Plan(program, (), budget, program.peak_bytes, program.peak_bytes, "none")
+      result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
+                         base_mem, time.perf_counter() - t0)
+      self._log(f"already fits: {base_mem} <= {format_bytes(budget)}")
+      return _Entry(result, base_jit, base_compiled)
+
+    tried: list[tuple[CompiledMemory, Plan, Any, Any]] = []
+
+    def attempt(target: int) -> tuple[CompiledMemory, Plan, Any, Any]:
+      plan = self.planner(program, max(0, int(target)), self.device)
+      jitted = self._planned_jit(program, plan, donate)
+      compiled = jitted.lower(*dyn).compile()
+      mem = compiled_memory(compiled)
+      tried.append((mem, plan, jitted, compiled))
+      self._log(f"round {len(tried)}: target {format_bytes(target)} -> estimate "
+                f"{format_bytes(plan.estimated_peak_bytes)}, compiled {format_bytes(mem.peak_bytes)} "
+                f"({len(plan.decisions)} decisions)")
+      return tried[-1]
+
+    floor = _hard_floor(program, donate)
+    target = budget
+    if budget >= floor:
+      for _ in range(self.max_rounds):
+        mem, plan, jitted, compiled = attempt(target)
+        if mem.peak_bytes <= budget:
+          break
+        overshoot = mem.peak_bytes - budget
+        if plan.estimated_peak_bytes > target:
+          break  # the planner could not reach its own target: tightening will not help
+        target = min(target, plan.estimated_peak_bytes) - overshoot
+        if target <= 0:
+          break
+    if not tried or tried[-1][0].peak_bytes > budget:
+      if not tried or tried[-1][1].estimated_peak_bytes <= tried[-1][1].target_bytes:
+        attempt(0)  # the most aggressive plan: the smallest peak this planner reaches
+    best = min(tried, key=lambda t: t[0].peak_bytes)
+    mem, plan, jitted, compiled = best
+    if mem.peak_bytes > budget:
+      raise BudgetError(
+          f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
+          f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
+          f"{format_bytes(base_mem.peak_bytes)}).",
+          budget_bytes=budget, smallest_bytes=mem.peak_bytes, holders=_holders(plan))
+    result = FitResult(budget, base_mem.peak_bytes, mem.peak_bytes, plan, len(tried), mem,
+                       base_mem, time.perf_counter() - t0)
+    self._log(f"fitted: {mem} <= {format_bytes(budget)}")
+    return _Entry(result, jitted, compiled)
+
+  @staticmethod
+  def _planned_jit(program: Program, plan: Plan, donate: tuple[int, ...]) -> Any:
+    run = rewrite.schedule_function(plan.schedule())
+    in_tree, out_tree = program.in_tree, program.out_tree
+
+    def planned(*dyn: Any) -> Any:
+      leaves = jax.tree_util.tree_leaves(dyn)
+      return jax.tree_util.tree_unflatten(out_tree, run(*leaves))
+
+    del in_tree
+    return jax.jit(planned, donate_argnums=donate)
+
+
+def _as_tuple(x: int | Sequence[int], name: str) -> tuple[int, ...]:
+  if isinstance(x, int):
+    return (x,)
+  try:
+    out = tuple(x)
+  except TypeError:
+    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {x!r}.") from None
+  if not all(isinstance(i, int) for i in out):
+    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {x!r}.")
+  return out
+
+
+def _hard_floor(program: Program, donate: tuple[int, ...]) -> int:
+  """Bytes no plan can remove: the arguments, plus the outputs when nothing is donated."""
+  args = sum(program.vars[v].nbytes for v in set(program.invars))
+  outs = sum(program.vars[v].nbytes for v in {x for x in program.outvars if isinstance(x, int)}
+             if not program.vars[v].is_input)
+  return args + (0 if donate else outs)
+
+
+def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
+  sched = plan.schedule()
+  prof = sched.profile()
+  out = []
+  for vid, nbytes in zip(prof.holders[:top], prof.holder_bytes[:top]):
+    var = sched.value_var[vid]
+    if var is None:
+      out.append(("copy handle", nbytes))
+      continue
+    v = plan.program.vars[var]
+    out.append((f"{v.type_str} {v.role.value} {v.name} ({v.source})", nbytes))
+  return out
+
+
+def fit(budget: budget_lib.Budget, *, planner: Any = "auto", device: Any = None,
+        static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = (),
+        max_rounds: int = 4, verbose: bool = False) -> Callable[[Callable[..., Any]], Fitted]:
+  """Decorator: make a step's compiled peak fit ``budget``.
+
+  Args:
+    budget: int bytes, a string with units (``"12GiB"``, ``"800MB"``) or a
+      float in (0, 1]: the fraction of the unplanned step's compiled peak.
+      Per device; covers arguments, outputs and temporaries.
+    planner: planner name (``"auto"``, ``"greedy"``) or a callable
+      ``planner(program, budget_bytes, device) -> Plan``.
+    device: device profile used to price remat against offload.
+    static_argnums, donate_argnums: as in ``jax.jit``.
+    max_rounds: plan-compile rounds before giving up.
+    verbose: print progress to stderr.
+
+  Returns:
+    A decorator producing a :class:`Fitted` step.
+
+  Raises:
+    jaxmem.BudgetError: on the first call, when the budget cannot be reached.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxmem
+    >>> @jaxmem.fit(1.0)
+    ... def step(x):
+    ...   return jnp.tanh(x).sum()
+    >>> float(step(jnp.zeros(8)))
+    0.0
+  """
+  if callable(budget) and not isinstance(budget, (int, float, str)):
+    raise TypeError("`jaxmem.fit` takes a budget first: write `@jaxmem.fit(\"12GiB\")` or "
+                    "`jaxmem.fit(0.5)(step)`, not `@jaxmem.fit`.")
+  spec = budget_lib.parse_budget(budget)
+  get_planner(planner)
+
+  def deco(fun: Callable[..., Any]) -> Fitted:
+    return Fitted(fun, spec, planner=planner, device=device, static_argnums=static_argnums,
+                  donate_argnums=donate_argnums, max_rounds=max_rounds, verbose=verbose)
+
+  return deco

@@ -1,0 +1,175 @@
+"""The first planner: greedy over the peak, ranked by bytes x gap.
+
+While the estimated peak is above the target, take the activations whose
+lifetime gap spans the peak, pick the one with the largest ``bytes x gap``
+(the swap-candidate heuristic shared by vDNN §3 and AutoSwap §IV-B: big tensors
+idle for long stretches), and free it for that gap: recompute it (remat) when a
+short chain of cheap ops rebuilds it from values that are live anyway and that
+is cheaper on ``device`` than a round trip to host, otherwise stage it to host
+(offload). Re-price the schedule and repeat.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from jaxmem._src import _compat, cost
+from jaxmem._src.plan import Action, Decision, Plan
+from jaxmem._src.schedule import build_schedule
+from jaxmem._src.trace import Role
+
+# Primitives never re-executed by a remat: effects, opaque blocks, our own ops.
+_NO_REMAT = {"scan", "while", "cond", "checkpoint", "remat", "ffi_call", "custom_call",
+             "pure_callback", "io_callback", "debug_callback", "shard_map", "rng_uniform",
+             "random_seed", "random_bits", "random_wrap", "random_unwrap"}
+# Results XLA always materializes (never duplicated into consumers by fusion).
+_MATERIALIZED = {"dot_general", "conv_general_dilated", "ffi_call", "custom_call", "scan",
+                 "while", "cond", "reduce_window_max", "reduce_window_sum", "reduce_window"}
+_CANDIDATE_ROLES = {Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT}
+
+
+class _State:
+  """Decisions so far plus the events (def, uses) they add to each variable."""
+
+  def __init__(self, program: Any):
+    self.program = program
+    self.decisions: list[Decision] = []
+    self.extra_uses: dict[int, list[int]] = {}
+    self.gaps: dict[int, list[tuple[int, int]]] = {}
+
+  def events(self, vid: int) -> list[int]:
+    v = self.program.vars[vid]
+    ev = sorted({v.defined_by, *v.uses, *self.extra_uses.get(vid, ())})
+    return ev
+
+  def available(self, vid: int, pos: int) -> bool:
+    """Can a value of ``vid`` be read just before op ``pos`` without extending its life?"""
+    v = self.program.vars[vid]
+    if v.is_input:
+      return True
+    ev = self.events(vid)
+    if not (v.defined_by < pos <= ev[-1] or v.is_output and v.defined_by < pos):
+      return False
+    return not any(a < pos <= b for a, b in self.gaps.get(vid, ()))
+
+  def add(self, d: Decision) -> None:
+    self.decisions.append(d)
+    self.gaps.setdefault(d.var, []).append((d.start, d.end))
+    if d.action is Action.REMAT:
+      made = {o for k in d.recompute for o in self.program.ops[k].outputs}
+      for k in d.recompute:
+        for x in self.program.ops[k].input_ids():
+          if x not in made:
+            lst = self.extra_uses.setdefault(x, [])
+            if d.end not in lst:
+              bisect.insort(lst, d.end)
+
+
+def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int, ...] | None:
+  """Ops that rebuild ``vid`` just before ``pos`` from values available there."""
+  prog = state.program
+  chain: list[int] = []
+  seen: set[int] = set()
+
+  def need(x: int, force: bool = False) -> bool:
+    v = prog.vars[x]
+    if not force and state.available(x, pos):
+      return True
+    if v.is_input:
+      return True
+    k = v.defined_by
+    if k in seen:
+      return True
+    op = prog.ops[k]
+    if op.primitive in _NO_REMAT or op.eqn.effects or _compat.sub_jaxprs(op.eqn):
+      return False
+    if len(chain) >= max_ops:
+      return False
+    seen.add(k)
+    for y in op.input_ids():
+      if not need(y):
+        return False
+    chain.append(k)
+    return True
+
+  return tuple(chain) if need(vid, force=True) else None
+
+
+def greedy(program: Any, budget_bytes: int, device: Any = None, *,
+           min_bytes: int | None = None, max_chain: int = 8,
+           allow_remat: bool = True, allow_offload: bool = True) -> Plan:
+  """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
+
+  Args:
+    program: a :class:`jaxmem.Program`.
+    budget_bytes: target estimated peak in bytes.
+    device: device profile name or :class:`jaxmem.DeviceProfile` used to price
+      remat (FLOPs) against offload (host copies); default: current backend.
+    min_bytes: ignore values smaller than this (default: 0.1% of the peak).
+    max_chain: most ops one remat may re-execute.
+    allow_remat, allow_offload: restrict the actions.
+
+  Returns:
+    A :class:`jaxmem.Plan`. Its ``estimated_peak_bytes`` may stay above the
+    target when nothing live at the peak can be freed.
+  """
+  dev = cost.device_profile(device)
+  unplanned = program.profile.peak_bytes
+  if min_bytes is None:
+    min_bytes = max(1, unplanned // 1000)
+  state = _State(program)
+  flops_cache: dict[int, float] = {}
+
+  def op_flops(k: int) -> float:
+    if k not in flops_cache:
+      flops_cache[k] = cost.eqn_flops(program.ops[k].eqn)
+    return flops_cache[k]
+
+  candidates = [v.id for v in program.vars
+                if v.role in _CANDIDATE_ROLES and not v.is_input and not v.is_output
+                and v.nbytes >= min_bytes and v.uses]
+  rejected: set[tuple[int, int, int]] = set()
+  schedule = build_schedule(program, ())
+  prof = schedule.profile()
+  while prof.peak_bytes > budget_bytes:
+    peak_anchor = schedule.anchor_of(prof.peak_index)
+    best: tuple[float, int, int, int] | None = None
+    for vid in candidates:
+      ev = state.events(vid)
+      j = bisect.bisect_left(ev, peak_anchor)
+      if j == 0 or j >= len(ev):
+        continue
+      a, b = ev[j - 1], ev[j]
+      if not (a + 0.5 < peak_anchor < b - 0.5) or (vid, a, b) in rejected:
+        continue
+      if (a, b) in state.gaps.get(vid, ()):
+        continue
+      nbytes = program.vars[vid].nbytes
+      score = float(nbytes) * (b - a)
+      if best is None or score > best[0]:
+        best = (score, vid, a, b)
+    if best is None:
+      break
+    _, vid, a, b = best
+    v = program.vars[vid]
+    offload_ok = allow_offload and _compat.is_plain_array_aval(v.aval)
+    offload_cost = 2.0 * v.nbytes / dev.host_bytes_per_s
+    chain = find_chain(state, vid, b, max_chain) if allow_remat else None
+    remat_cost = sum(op_flops(k) for k in chain) / dev.flops_per_s if chain else float("inf")
+    if chain and (not offload_ok or remat_cost <= offload_cost):
+      d = Decision(vid, Action.REMAT, a, b, chain, v.nbytes, remat_cost)
+    elif offload_ok:
+      d = Decision(vid, Action.OFFLOAD, a, b, (), v.nbytes, offload_cost)
+    else:
+      rejected.add((vid, a, b))
+      continue
+    state.add(d)
+    schedule = build_schedule(program, state.decisions)
+    prof = schedule.profile()
+  decided = {d.var for d in state.decisions}
+  pinned = tuple(v.id for v in program.vars
+                 if v.role is Role.ACTIVATION and v.id not in decided
+                 and program.ops[v.defined_by].primitive not in _MATERIALIZED)
+  return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
+              "greedy", pinned)

@@ -1,0 +1,72 @@
+"""Lifetime reports: what holds memory at the peak, and which line made it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from jaxmem._src.errors import format_bytes
+
+SCHEMA = "jaxmem.program/1"
+
+
+def _interval(program: Any, vid: int) -> str:
+  s, e = program.interval(vid)
+  end = "exit" if e >= program.num_ops else str(e)
+  return f"{s}..{end}"
+
+
+def program_report(program: Any, top: int = 15) -> str:
+  """Text report: peak, bytes by role and by module at the peak, top holders."""
+  prof = program.profile
+  vars_ = program.vars
+  peak_op = (f"op {prof.peak_index} `{program.ops[prof.peak_index].primitive}` "
+             f"({program.ops[prof.peak_index].source})"
+             if prof.peak_index < program.num_ops else "the exit")
+  lines = [
+      f"jaxmem lifetime report: {program.num_ops} ops, {len(vars_)} values",
+      f"estimated peak: {format_bytes(prof.peak_bytes)} at {peak_op}",
+  ]
+  by_role: dict[str, int] = defaultdict(int)
+  by_module: dict[str, int] = defaultdict(int)
+  for vid, nbytes in zip(prof.holders, prof.holder_bytes):
+    v = vars_[vid]
+    by_role[v.role.value] += nbytes
+    module = v.name if not v.is_input else "(arguments)"
+    by_module[module or "(top level)"] += nbytes
+  lines.append("live at the peak, by role:")
+  for role, b in sorted(by_role.items(), key=lambda kv: -kv[1]):
+    lines.append(f"  {role:16} {format_bytes(b):>12}  {b / max(1, prof.peak_bytes):6.1%}")
+  lines.append("live at the peak, by module:")
+  for mod, b in sorted(by_module.items(), key=lambda kv: -kv[1])[:10]:
+    lines.append(f"  {mod[:40]:40} {format_bytes(b):>12}")
+  lines.append(f"top {min(top, len(prof.holders))} buffers at the peak:")
+  lines.append(f"  {'bytes':>11}  {'type':24} {'role':15} {'live':>12}  source / name")
+  for vid, nbytes in list(zip(prof.holders, prof.holder_bytes))[:top]:
+    v = vars_[vid]
+    where = v.name if v.is_input else f"{v.source}  {v.name}"
+    lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} {v.role.value:15} "
+                 f"{_interval(program, vid):>12}  {where}")
+  return "\n".join(lines)
+
+
+def program_json(program: Any) -> dict[str, Any]:
+  """JSON-serialisable view of a program's lifetimes (schema ``jaxmem.program/1``)."""
+  prof = program.profile
+  return {
+      "schema": SCHEMA,
+      "num_ops": program.num_ops,
+      "peak_bytes": prof.peak_bytes,
+      "peak_index": prof.peak_index,
+      "live_bytes": [int(x) for x in prof.live_bytes],
+      "holders_at_peak": list(prof.holders),
+      "values": [{
+          "id": v.id, "shape": list(v.shape), "dtype": v.dtype, "bytes": v.nbytes,
+          "defined_by": v.defined_by, "uses": list(v.uses), "interval": list(program.interval(v.id)),
+          "role": v.role.value, "name": v.name, "source": v.source, "is_output": v.is_output,
+      } for v in program.vars],
+      "ops": [{"index": op.index, "primitive": op.primitive, "phase": op.phase.value,
+               "module": op.module_path, "source": op.source,
+               "inputs": [x if isinstance(x, int) else None for x in op.inputs],
+               "outputs": list(op.outputs)} for op in program.ops],
+  }

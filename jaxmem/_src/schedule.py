@@ -1,0 +1,234 @@
+"""Schedule: a program with a plan applied, as a flat list of steps.
+
+The planner prices a schedule with the same lifetime rule as the report, and
+the rewrite executes exactly this list, so the estimate describes the program
+that is compiled.
+
+Placement (DESIGN.md, "Plan"): an offload is issued right after the last use
+before the gap; its fetch, and a remat's fences and recomputation, are issued
+just before the next use. Fetches and fences take a ``dep`` operand — the most
+recently produced input of that next use — so XLA can neither hoist them (nor
+CSE a recomputation with the forward pass) above the point where they are needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Sequence
+
+from jaxmem._src import lifetimes
+from jaxmem._src.plan import Action, Decision
+
+HANDLE_BYTES = 8
+
+
+class StepKind(str, enum.Enum):
+  COMPUTE = "compute"
+  OFFLOAD = "offload"
+  FETCH = "fetch"
+  FENCE = "fence"
+  PIN = "pin"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One step of a schedule.
+
+  Attributes:
+    kind: compute / offload / fetch / fence / pin (a fence right after the
+      definition that makes XLA materialize this value instead of fusing its
+      producer into later consumers; see :func:`build_schedule`).
+    anchor: position in the original program (half positions for inserted steps).
+    inputs: value ids (or literals) read.
+    outputs: value ids written.
+    op: for compute steps, the original op index.
+    var: the original variable moved, fenced or restored.
+    recompute: a remat re-execution of ``op``.
+  """
+  kind: StepKind
+  anchor: float
+  inputs: tuple[Any, ...]
+  outputs: tuple[int, ...]
+  op: int | None = None
+  var: int | None = None
+  recompute: bool = False
+
+
+@dataclasses.dataclass
+class Schedule:
+  """Steps plus the table of values they define.
+
+  ``value_var[i]`` is the original variable a value is a version of (``None``
+  for copy handles); values ``< len(program.vars)`` are the originals.
+  """
+  program: Any
+  steps: list[Step]
+  value_var: list[int | None]
+  outputs: tuple[Any, ...]
+
+  def value_bytes(self, vid: int) -> int:
+    var = self.value_var[vid]
+    return HANDLE_BYTES if var is None else self.program.vars[var].nbytes
+
+  def profile(self) -> lifetimes.Profile:
+    """Estimated live bytes per step (the last position is the exit)."""
+    prog = self.program
+    n = len(self.steps)
+    nvals = len(self.value_var)
+    start = [-1] * nvals
+    end = [-1] * nvals
+    for vid in prog.invars:
+      start[vid] = 0
+    for vid in prog.consts:
+      start[vid] = 0
+    for i, st in enumerate(self.steps):
+      for x in st.inputs:
+        if isinstance(x, int):
+          end[x] = i
+      for o in st.outputs:
+        start[o] = i
+        end[o] = max(end[o], i)
+    for vid in prog.invars:
+      if vid not in prog.donated or prog.vars[vid].is_output:
+        end[vid] = n
+    for vid in prog.consts:
+      end[vid] = n
+    for x in self.outputs:
+      if isinstance(x, int):
+        end[x] = n
+    ids = [v for v in range(nvals) if start[v] >= 0]
+    transient = [prog.ops[st.op].transient_bytes if st.kind is StepKind.COMPUTE else 0
+                 for st in self.steps] + [0]
+    prof = lifetimes.profile_from_intervals(
+        n + 1, [start[v] for v in ids], [max(end[v], start[v]) for v in ids],
+        [self.value_bytes(v) for v in ids], transient)
+    holders = tuple(ids[i] for i in prof.holders)
+    return dataclasses.replace(prof, holders=holders)
+
+  def anchor_of(self, index: int) -> float:
+    return self.steps[index].anchor if index < len(self.steps) else float(self.program.num_ops)
+
+
+def choose_dep(program: Any, before: int, exclude: set[int]) -> int | None:
+  """The original variable that orders a restore before op ``before``.
+
+  The most recently defined non-argument input of that op which is not itself
+  being restored there; ``None`` means "the last value computed so far".
+  """
+  best, best_def = None, -1
+  for x in program.ops[before].input_ids():
+    v = program.vars[x]
+    if x in exclude or v.is_input:
+      continue
+    if v.defined_by > best_def:
+      best, best_def = x, v.defined_by
+  return best
+
+
+def fence_points(program: Any, chain: Sequence[int]) -> list[int]:
+  """Values to fence so that every op of a remat ``chain`` runs after ``dep``.
+
+  Each op of the chain whose inputs all come from outside the chain gets one of
+  them fenced: an activation if it has one (fencing renames it, so the alias
+  costs no copy), else its smallest argument (XLA copies a fenced argument).
+  Every recomputed op then depends on a fence, so XLA can neither hoist it nor
+  CSE it with the forward pass. Ops with no array inputs (iota, constant
+  broadcasts) are left alone: merging those is harmless.
+  """
+  made = {o for k in chain for o in program.ops[k].outputs}
+  fenced: list[int] = []
+  for k in chain:
+    ins = program.ops[k].input_ids()
+    if not ins or any(x in made for x in ins) or any(x in fenced for x in ins):
+      continue
+    acts = [x for x in ins if not program.vars[x].is_input]
+    pick = (max(acts, key=lambda x: program.vars[x].nbytes) if acts else
+            min(ins, key=lambda x: program.vars[x].nbytes))
+    fenced.append(pick)
+  return fenced
+
+
+def build_schedule(program: Any, decisions: Sequence[Decision],
+                   pinned: Sequence[int] = ()) -> Schedule:
+  """Applies ``decisions`` to ``program`` (see the module docstring).
+
+  ``pinned`` variables get a fence right after their definition and later uses
+  read the fenced value. Without it XLA's fusion may duplicate a cheap producer
+  into a backward consumer and keep the producer's (larger) inputs alive
+  instead: a kept ``bool`` ReLU mask becomes its ``float32`` pre-activation, 4x
+  the bytes (Layrub §4.2's memory-efficient ReLU, enforced on the compiled
+  program).
+  """
+  pinned_set = set(pinned)
+  value_var: list[int | None] = list(range(len(program.vars)))
+  cur: list[Any] = list(range(len(program.vars)))
+  steps: list[Step] = []
+  after: dict[int, list[Decision]] = {}
+  before: dict[int, list[Decision]] = {}
+  for d in decisions:
+    if d.action is Action.KEEP:
+      continue
+    before.setdefault(d.end, []).append(d)
+    if d.action is Action.OFFLOAD:
+      after.setdefault(d.start, []).append(d)
+  handles: dict[int, int] = {}
+  last_value: int | None = None
+
+  def fresh(var: int | None) -> int:
+    value_var.append(var)
+    return len(value_var) - 1
+
+  for op in program.ops:
+    i = op.index
+    restores = before.get(i, ())
+    if restores:
+      restored = {d.var for d in restores}
+      dep_var = choose_dep(program, i, restored)
+      anchor = i - 0.5
+      # Fetches first: a remat chain never reads a value restored at the same
+      # point (the planner forbids it), but a later-decided remat's restore may
+      # be read by an earlier-decided remat's chain, hence the reverse order.
+      ordered = ([d for d in restores if d.action is Action.OFFLOAD] +
+                 [d for d in reversed(restores) if d.action is Action.REMAT])
+      for d in ordered:
+        dep = cur[dep_var] if dep_var is not None else last_value
+        if dep is None:
+          dep = cur[program.ops[i].input_ids()[0]]
+        if d.action is Action.OFFLOAD:
+          new = fresh(d.var)
+          steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
+          cur[d.var] = new
+          continue
+        chain = d.recompute
+        fenced = fence_points(program, chain)
+        local: dict[int, int] = {}
+        for x in fenced:
+          new = fresh(x)
+          steps.append(Step(StepKind.FENCE, anchor, (cur[x], dep), (new,), var=x))
+          if program.vars[x].is_input:
+            local[x] = new   # a fenced argument is a copy: only the chain reads it
+          else:
+            cur[x] = new     # later uses read the fenced value, so the alias is free
+        for k in chain:
+          kop = program.ops[k]
+          ins = tuple(local.get(x, cur[x]) if isinstance(x, int) else x for x in kop.inputs)
+          outs = tuple(fresh(o) for o in kop.outputs)
+          local.update(zip(kop.outputs, outs))
+          steps.append(Step(StepKind.COMPUTE, anchor, ins, outs, op=k, var=d.var, recompute=True))
+        cur[d.var] = local[d.var]
+    ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
+    steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i))
+    if op.outputs:
+      last_value = op.outputs[0]
+    for o in op.outputs:
+      if o in pinned_set:
+        new = fresh(o)
+        steps.append(Step(StepKind.PIN, i + 0.25, (o,), (new,), var=o))
+        cur[o] = new
+    for d in after.get(i, ()):
+      h = fresh(None)
+      steps.append(Step(StepKind.OFFLOAD, i + 0.5, (cur[d.var],), (h,), var=d.var))
+      handles[id(d)] = h
+  outputs = tuple(cur[x] if isinstance(x, int) else x for x in program.outvars)
+  return Schedule(program, steps, value_var, outputs)

@@ -1,0 +1,421 @@
+"""Trace: a step and its arguments -> a flat :class:`Program`.
+
+The step is traced with ``jax.make_jaxpr`` and flattened into one program order:
+nested ``jit`` and ``custom_jvp``/``custom_vjp`` calls are inlined, other
+higher-order primitives (``scan``, ``while``, ``cond``, ``checkpoint``) stay
+opaque blocks whose inner working set is charged to the block. Every variable
+gets its bytes, defining op, uses, role and source line (DESIGN.md, "Program").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import jax
+
+from jaxmem._src import _compat
+
+
+class Role(str, enum.Enum):
+  """What a variable is, for reports and for the planners."""
+  PARAMETER = "parameter"
+  OPTIMIZER_STATE = "optimizer_state"
+  INPUT = "input"              # other step arguments: batch, labels, rng, step count
+  CONSTANT = "constant"        # constants captured by the traced program
+  ACTIVATION = "activation"    # forward value saved for the backward pass
+  GRADIENT = "gradient"        # value computed by the backward pass
+  TEMPORARY = "temporary"      # everything else
+  OUTPUT = "output"            # a non-gradient result of the step (new params, loss)
+
+
+class Phase(str, enum.Enum):
+  FORWARD = "forward"
+  BACKWARD = "backward"
+  OTHER = "other"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Op:
+  """One equation of the flat program.
+
+  Attributes:
+    index: position in program order.
+    eqn: the JAX equation (primitive and params) to re-bind when rewriting.
+    inputs: variable ids, or ``Literal`` objects for inline literals.
+    outputs: variable ids.
+    phase: forward / backward (under ``transpose``) / other.
+    name_stack: JAX name stack, joined across inlined calls.
+    source: ``file:line`` of the user code that emitted it.
+    transient_bytes: working memory inside an opaque block beyond its inputs
+      and outputs (0 for plain primitives).
+  """
+  index: int
+  eqn: Any
+  inputs: tuple[Any, ...]
+  outputs: tuple[int, ...]
+  phase: Phase
+  name_stack: Any
+  source: str
+  transient_bytes: int = 0
+
+  @property
+  def primitive(self) -> str:
+    return self.eqn.primitive.name
+
+  @property
+  def module_path(self) -> str:
+    return module_path(str(self.name_stack))
+
+  def input_ids(self) -> list[int]:
+    return [x for x in self.inputs if isinstance(x, int)]
+
+
+@dataclasses.dataclass(frozen=True)
+class VarInfo:
+  """One variable (buffer) of the program.
+
+  Attributes:
+    id: index into ``Program.vars``.
+    aval: abstract value (shape, dtype).
+    nbytes: bytes per device.
+    defined_by: index of the defining op; -1 for arguments and constants.
+    uses: indices of the ops that read it, ascending.
+    role: see :class:`Role`.
+    name: argument path for inputs (``params['Dense_0']['kernel']``), module path otherwise.
+    source: ``file:line`` where it was made (the argument path for inputs).
+    is_output: returned by the step.
+  """
+  id: int
+  aval: Any
+  nbytes: int
+  defined_by: int
+  uses: tuple[int, ...]
+  role: Role
+  name: str
+  source: str
+  is_output: bool
+
+  @property
+  def is_input(self) -> bool:
+    return self.defined_by < 0
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(getattr(self.aval, "shape", ()))
+
+  @property
+  def dtype(self) -> str:
+    return str(getattr(self.aval, "dtype", "?"))
+
+  @property
+  def type_str(self) -> str:
+    return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+_TRANSFORM = re.compile(r"[A-Za-z_]+\(")
+
+
+def module_path(name_stack: str) -> str:
+  """``'transpose(jvp(MLP))/Dense_0'`` -> ``'MLP/Dense_0'``."""
+  path = _TRANSFORM.sub("", name_stack).replace(")", "")
+  return "/".join(p for p in path.split("/") if p)
+
+
+def _is_optax_state(x: Any) -> bool:
+  return type(x).__module__.split(".")[0] == "optax" and hasattr(x, "_fields")
+
+
+def _key_name(k: Any) -> str | None:
+  for attr in ("key", "name"):
+    v = getattr(k, attr, None)
+    if isinstance(v, str):
+      return v
+  return None
+
+
+def classify_inputs(args: Sequence[Any], arg_names: Sequence[str]) -> list[tuple[Role, str]]:
+  """Role and readable name of every leaf of ``args``, in flattening order.
+
+  Optimizer state: leaves under an optax state (``ScaleByAdamState`` ...).
+  Parameters: leaves under a ``params`` key or attribute (flax, TrainState).
+  Everything else is an input (batch, labels, rng, counters).
+  """
+  out: list[tuple[Role, str]] = []
+  for i, arg in enumerate(args):
+    prefix = arg_names[i] if i < len(arg_names) else f"args[{i}]"
+    outer, _ = jax.tree_util.tree_flatten_with_path(arg, is_leaf=_is_optax_state)
+    for path, node in outer:
+      if _is_optax_state(node):
+        inner, _ = jax.tree_util.tree_flatten_with_path(node)
+        out += [(Role.OPTIMIZER_STATE, prefix + jax.tree_util.keystr(tuple(path) + tuple(p)))
+                for p, _ in inner]
+        continue
+      names = {_key_name(k) for k in path}
+      role = Role.PARAMETER if "params" in names else Role.INPUT
+      out.append((role, prefix + jax.tree_util.keystr(tuple(path))))
+  return out
+
+
+def arg_names_of(fun: Callable[..., Any], nargs: int) -> list[str]:
+  try:
+    params = list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return [f"args[{i}]" for i in range(nargs)]
+  names: list[str] = []
+  for p in params:
+    if p.kind == p.VAR_POSITIONAL:
+      names += [f"{p.name}[{i}]" for i in range(nargs - len(names))]
+      break
+    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+      names.append(p.name)
+  names += [f"args[{i}]" for i in range(len(names), nargs)]
+  return names[:nargs]
+
+
+def _inner_working_bytes(eqn: Any) -> int:
+  """Working set of an opaque block beyond its own inputs and outputs."""
+  best = 0
+  for jaxpr in _compat.sub_jaxprs(eqn):
+    best = max(best, _jaxpr_peak_minus_io(jaxpr))
+  return best
+
+
+def _jaxpr_peak_minus_io(jaxpr: Any) -> int:
+  last: dict[Any, int] = {}
+  for i, e in enumerate(jaxpr.eqns):
+    for v in e.invars:
+      if isinstance(v, _compat.Var):
+        last[v] = i
+  live = 0
+  peak = 0
+  dying: dict[int, int] = {}
+  for i, e in enumerate(jaxpr.eqns):
+    made = sum(_compat.aval_nbytes(v.aval) for v in e.outvars)
+    inner = _inner_working_bytes(e)
+    live += made
+    peak = max(peak, live + inner)
+    for v in e.outvars:
+      if not isinstance(v, _compat.DropVar) and v not in last:
+        dying[i] = dying.get(i, 0) + _compat.aval_nbytes(v.aval)
+    live -= dying.pop(i, 0)
+    for v in {v for v in e.invars if isinstance(v, _compat.Var) and last.get(v) == i}:
+      if v not in jaxpr.invars and v not in jaxpr.constvars:
+        live -= _compat.aval_nbytes(v.aval)
+  return max(0, peak)
+
+
+class Program:
+  """The flat program of a traced step (see :func:`jaxmem.analyze`).
+
+  Attributes:
+    ops: the equations in program order.
+    vars: every variable, indexed by id.
+    invars: ids of the flat step arguments.
+    outvars: ids (or ``Literal``) of the flat results.
+    consts: constant values by id.
+    donated: ids of donated arguments (their buffers may be reused).
+  """
+
+  def __init__(self, fun: Callable[..., Any], args: Sequence[Any], *,
+               donate_argnums: Sequence[int] = (), arg_names: Sequence[str] | None = None,
+               closed_jaxpr: Any | None = None):
+    flat_args, self.in_tree = jax.tree_util.tree_flatten(tuple(args))
+    self._out_tree: Any = None
+
+    def flat_fun(*leaves: Any) -> list[Any]:
+      out = fun(*jax.tree_util.tree_unflatten(self.in_tree, leaves))
+      flat_out, self._out_tree = jax.tree_util.tree_flatten(out)
+      return flat_out
+
+    if closed_jaxpr is None:
+      closed_jaxpr = _compat.make_jaxpr(flat_fun, *flat_args)
+    else:
+      self._out_tree = None
+    self.closed_jaxpr = closed_jaxpr
+    self.out_tree = self._out_tree
+    names = list(arg_names) if arg_names is not None else arg_names_of(fun, len(args))
+    input_roles = classify_inputs(args, names)
+    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
+    donated_args = set(donate_argnums)
+    self._build(closed_jaxpr, input_roles, [i in donated_args for i in leaf_arg])
+
+  # -- construction ---------------------------------------------------------
+
+  def _build(self, closed: Any, input_roles: list[tuple[Role, str]], donated: list[bool]) -> None:
+    self.ops: list[Op] = []
+    avals: list[Any] = []
+    self._def: list[int] = []
+    self._meta: list[tuple[Role | None, str, str]] = []
+    self.consts: dict[int, Any] = {}
+
+    def new_var(aval: Any, defined_by: int, meta: tuple[Role | None, str, str]) -> int:
+      avals.append(aval)
+      self._def.append(defined_by)
+      self._meta.append(meta)
+      return len(avals) - 1
+
+    jaxpr = closed.jaxpr
+    self.invars = tuple(new_var(v.aval, -1, (*input_roles[i], input_roles[i][1]))
+                        for i, v in enumerate(jaxpr.invars))
+    self.donated = frozenset(vid for vid, d in zip(self.invars, donated) if d)
+
+    def inline(jaxpr: Any, consts: Sequence[Any], in_atoms: Sequence[Any], prefix: Any,
+               outer_source: str = "?") -> list[Any]:
+      env: dict[Any, Any] = {}
+      for v, c in zip(jaxpr.constvars, consts):
+        vid = new_var(v.aval, -1, (Role.CONSTANT, "constant", "constant"))
+        self.consts[vid] = c
+        env[v] = vid
+      for v, a in zip(jaxpr.invars, in_atoms):
+        env[v] = a
+
+      def read(x: Any) -> Any:
+        return x if isinstance(x, _compat.Literal) else env[x]
+
+      for eqn in jaxpr.eqns:
+        ins = [read(x) for x in eqn.invars]
+        ns = _compat.join_name_stacks(prefix, _compat.name_stack_of(eqn))
+        body = _compat.body_of(eqn)
+        frame = _compat.user_frame(eqn)
+        # Bodies of custom_jvp/custom_vjp calls often carry no traceback of
+        # their own: attribute them to the line that made the call.
+        source = f"{frame[0]}:{frame[1]}" if frame else outer_source
+        if body is not None:
+          outs = inline(body.jaxpr, body.consts, ins, ns, source)
+        else:
+          index = len(self.ops)
+          ns_str = str(ns)
+          phase = (Phase.BACKWARD if "transpose(" in ns_str else
+                   Phase.FORWARD if "jvp(" in ns_str else Phase.OTHER)
+          outs = [new_var(v.aval, index, (None, module_path(ns_str), source)) for v in eqn.outvars]
+          transient = _inner_working_bytes(eqn) if _compat.sub_jaxprs(eqn) else 0
+          self.ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient))
+        for v, a in zip(eqn.outvars, outs):
+          if not isinstance(v, _compat.DropVar):
+            env[v] = a
+      return [read(x) for x in jaxpr.outvars]
+
+    self.outvars = tuple(inline(jaxpr, closed.consts, self.invars, _compat.empty_name_stack()))
+    self._finish(avals)
+
+  def _finish(self, avals: list[Any]) -> None:
+    uses: list[list[int]] = [[] for _ in avals]
+    for op in self.ops:
+      for x in op.inputs:
+        if isinstance(x, int) and (not uses[x] or uses[x][-1] != op.index):
+          uses[x].append(op.index)
+    out_ids = {x for x in self.outvars if isinstance(x, int)}
+    vars_: list[VarInfo] = []
+    for vid, aval in enumerate(avals):
+      role, name, source = self._meta[vid]
+      d = self._def[vid]
+      if role is None:
+        phase = self.ops[d].phase
+        if phase is Phase.BACKWARD:
+          role = Role.GRADIENT
+        elif phase is Phase.FORWARD and any(self.ops[u].phase is Phase.BACKWARD for u in uses[vid]):
+          role = Role.ACTIVATION
+        elif vid in out_ids:
+          role = Role.OUTPUT
+        else:
+          role = Role.TEMPORARY
+      vars_.append(VarInfo(vid, aval, _compat.aval_nbytes(aval), d, tuple(uses[vid]), role,
+                           name, source, vid in out_ids))
+    self.vars: tuple[VarInfo, ...] = tuple(vars_)
+    self.ops = list(self.ops)
+    del self._def, self._meta
+    self._profile: Any = None
+
+  # -- queries --------------------------------------------------------------
+
+  @property
+  def num_ops(self) -> int:
+    return len(self.ops)
+
+  @property
+  def profile(self) -> Any:
+    """Live bytes at every program point (:class:`jaxmem.Profile`)."""
+    if self._profile is None:
+      from jaxmem._src import lifetimes
+      self._profile = lifetimes.program_profile(self)
+    return self._profile
+
+  @property
+  def peak_bytes(self) -> int:
+    """Estimated peak live bytes (arguments + outputs + temporaries)."""
+    return self.profile.peak_bytes
+
+  def interval(self, vid: int) -> tuple[int, int]:
+    """``[start, end]`` op positions where variable ``vid`` is live.
+
+    Position ``num_ops`` is the step's exit, where outputs and non-donated
+    arguments are still held.
+    """
+    v = self.vars[vid]
+    end_of_program = self.num_ops
+    if v.is_input:
+      if vid in self.donated and not v.is_output:
+        return 0, (v.uses[-1] if v.uses else 0)
+      return 0, end_of_program
+    start = v.defined_by
+    if v.is_output:
+      return start, end_of_program
+    return start, (v.uses[-1] if v.uses else start)
+
+  def report(self, top: int = 15) -> str:
+    """A table of the peak and the largest holders there, with source lines."""
+    from jaxmem._src import report
+    return report.program_report(self, top=top)
+
+  def to_json(self) -> dict[str, Any]:
+    """A JSON-serialisable summary (schema ``jaxmem.program/1``)."""
+    from jaxmem._src import report
+    return report.program_json(self)
+
+  def __repr__(self) -> str:
+    return f"Program(ops={self.num_ops}, vars={len(self.vars)}, peak_bytes={self.peak_bytes})"
+
+
+def analyze(fun: Callable[..., Any], *args: Any) -> Program:
+  """Traces ``fun(*args)`` and measures every variable's lifetime. Nothing is compiled.
+
+  Args:
+    fun: a step function taking pytrees of arrays.
+    *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+  Returns:
+    A :class:`Program`; ``.report()``, ``.peak_bytes``, ``.profile``, ``.to_json()``.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxmem
+    >>> prog = jaxmem.analyze(lambda x: jnp.sin(x).sum(), jnp.ones((1024,)))
+    >>> prog.peak_bytes > 0
+    True
+  """
+  if not callable(fun):
+    raise TypeError(f"`jaxmem.analyze` takes the step function first, got {type(fun).__name__}.")
+  check_array_args(args, "jaxmem.analyze")
+  return Program(fun, args)
+
+
+def check_array_args(args: Sequence[Any], api: str, static_hint: bool = False) -> None:
+  """Raises a clear TypeError for arguments that are not pytrees of arrays."""
+  for i, arg in enumerate(args):
+    leaves, _ = jax.tree_util.tree_flatten_with_path(arg)
+    for path, leaf in leaves:
+      if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex,
+                           jax.ShapeDtypeStruct)):
+        continue
+      if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        continue
+      where = f"argument {i}" + (jax.tree_util.keystr(path) if path else "")
+      fix = (f" Mark it static with `{api}(..., static_argnums=({i},))`" if static_hint else
+             " Close over it instead (functools.partial)")
+      raise TypeError(f"`{api}`: {where} is a {type(leaf).__name__} ({leaf!r:.60}), not an array "
+                      f"or a pytree of arrays.{fix}, or convert it with jnp.asarray.")
