@@ -1,0 +1,29 @@
+"""Shared fixtures: example models from examples/ and a clean native store."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+if str(EXAMPLES) not in sys.path:
+  sys.path.insert(0, str(EXAMPLES))
+
+
+@pytest.fixture(autouse=True)
+def _clean_store():
+  from jaxmem._src import native
+  native.store_clear()
+  yield
+  stats = native.store_stats()
+  native.store_clear()
+  # Every offloaded value must have been fetched back: nothing leaks from a step.
+  assert stats.live_entries == 0, f"host store leaked {stats.live_entries} entries"
+
+
+@pytest.fixture(scope="session")
+def mlp_small():
+  import mlp
+  return mlp.build(batch_size=256, width=64, depth=4)
