@@ -37,7 +37,7 @@ def check_fit_half(step, args):
   assert res.budget_bytes == math.floor(0.5 * base.peak_bytes)
   assert res.peak_bytes == mem.peak_bytes
   assert mem.peak_bytes <= res.budget_bytes, (str(mem), res.budget_bytes)
-  assert res.plan.decisions and res.rounds >= 1
+  assert res.rounds >= 1
   got = train(fitted, args, 3)
   want = train(jax.jit(step), args, 3)
   assert_trees_equal(got, want)
@@ -51,13 +51,18 @@ def test_mlp_8_layers_batch_8192_fits_half_its_peak():
   # The rewrite re-binds the same primitives: bit-identical, not merely close.
   for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert res.plan.decisions
   assert "offload" in res.plan.summary() or "remat" in res.plan.summary()
 
 
 def test_cnn_fits_half_its_peak():
   import cnn
   step, args = cnn.build()
-  check_fit_half(step, args)
+  res, got, want = check_fit_half(step, args)
+  # The three max_pool gradients are computed by the argmax/select substitution,
+  # which is what removes XLA:CPU's hoisted select_and_scatter index arrays.
+  assert res.plan.substituted_ops == 3
+  assert "3 lowering substitutions" in res.plan.summary()
 
 
 def test_already_fits_means_no_plan(mlp_small):

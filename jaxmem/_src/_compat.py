@@ -96,8 +96,10 @@ def user_frame(eqn: JaxprEqn) -> tuple[str, int, str] | None:
 
 
 @contextlib.contextmanager
-def eqn_context(eqn: JaxprEqn) -> Iterator[None]:
-  name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
+def eqn_context(eqn: JaxprEqn, name_stack: Any = None) -> Iterator[None]:
+  """Source info of ``eqn`` for ops bound in its place."""
+  name_stack = _siu.current_name_stack() + (
+      eqn.source_info.name_stack if name_stack is None else name_stack)
   with _siu.user_context(eqn.source_info.traceback, name_stack=name_stack):
     yield
 

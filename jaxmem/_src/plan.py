@@ -72,6 +72,12 @@ class Plan:
     return sum(d.nbytes for d in self.decisions if d.action is Action.OFFLOAD)
 
   @property
+  def substituted_ops(self) -> int:
+    """Equations computed by a lowering substitution (see ``substitutions.py``)."""
+    from jaxmem._src import substitutions
+    return sum(substitutions.applies(op.eqn) for op in self.program.ops)
+
+  @property
   def recomputed_ops(self) -> int:
     return sum(len(d.recompute) for d in self.decisions)
 
@@ -85,7 +91,8 @@ class Plan:
     lines = [
         f"Plan ({self.planner}): {len(self.decisions)} decisions — "
         f"{self.num_remat} remat ({self.recomputed_ops} ops recomputed), "
-        f"{self.num_offload} offload ({format_bytes(self.offloaded_bytes)} staged to host)",
+        f"{self.num_offload} offload ({format_bytes(self.offloaded_bytes)} staged to host), "
+        f"{len(self.pinned)} pinned, {self.substituted_ops} lowering substitutions",
         f"  estimated peak: {format_bytes(self.unplanned_estimate_bytes)} unplanned -> "
         f"{format_bytes(self.estimated_peak_bytes)} planned (target {format_bytes(self.target_bytes)})",
     ]

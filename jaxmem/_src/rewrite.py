@@ -12,15 +12,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxmem._src import _compat, native
+from jaxmem._src import _compat, native, substitutions
 from jaxmem._src.schedule import Schedule, StepKind
 
 # A pin orders after nothing in particular: a 1-byte constant is its `dep`.
 _PIN_DEP = np.zeros((), np.uint8)
 
 
-def schedule_function(schedule: Schedule) -> Callable[..., list[Any]]:
-  """``f(*flat_args) -> flat_outputs`` running ``schedule``."""
+def schedule_function(schedule: Schedule, substitute: bool = True) -> Callable[..., list[Any]]:
+  """``f(*flat_args) -> flat_outputs`` running ``schedule``.
+
+  With ``substitute``, equations with a registered lowering substitution
+  (:mod:`jaxmem._src.substitutions`) are computed by it.
+  """
   program = schedule.program
 
   def run(*flat_args: Any) -> list[Any]:
@@ -32,9 +36,18 @@ def schedule_function(schedule: Schedule) -> Callable[..., list[Any]]:
 
     for step in schedule.steps:
       ins = [read(x) for x in step.inputs]
+      if step.literal_dep is not None:
+        dep = env[step.literal_dep]
+        ins = [native.fence(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal) else v
+               for x, v in zip(step.inputs, ins)]
       if step.kind is StepKind.COMPUTE:
         op = program.ops[step.op]
-        outs = _compat.bind_eqn(op.eqn, ins, op.name_stack)
+        outs = None
+        if substitute:
+          with _compat.eqn_context(op.eqn, op.name_stack):
+            outs = substitutions.substitute(op.eqn, ins)
+        if outs is None:
+          outs = _compat.bind_eqn(op.eqn, ins, op.name_stack)
       elif step.kind is StepKind.OFFLOAD:
         outs = [native.offload(ins[0])]
       elif step.kind is StepKind.FETCH:

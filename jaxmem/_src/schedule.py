@@ -21,6 +21,8 @@ from jaxmem._src import lifetimes
 from jaxmem._src.plan import Action, Decision
 
 HANDLE_BYTES = 8
+# Constant-like values at least this large are kept from merging across phases.
+DECORRELATE_MIN_BYTES = 64 * 1024
 
 
 class StepKind(str, enum.Enum):
@@ -45,6 +47,10 @@ class Step:
     op: for compute steps, the original op index.
     var: the original variable moved, fenced or restored.
     recompute: a remat re-execution of ``op``.
+    literal_dep: for a compute step of a large op computed from literals only
+      (a zeros broadcast, an iota), a value its literal operands are fenced
+      after. XLA would otherwise hoist it to the program start, or CSE it with
+      an identical op far earlier, and keep the buffer alive until this use.
   """
   kind: StepKind
   anchor: float
@@ -53,6 +59,7 @@ class Step:
   op: int | None = None
   var: int | None = None
   recompute: bool = False
+  literal_dep: int | None = None
 
 
 @dataclasses.dataclass
@@ -114,12 +121,14 @@ def choose_dep(program: Any, before: int, exclude: set[int]) -> int | None:
   """The original variable that orders a restore before op ``before``.
 
   The most recently defined non-argument input of that op which is not itself
-  being restored there; ``None`` means "the last value computed so far".
+  being restored there (typically the incoming gradient); ``None`` means "the
+  last value computed so far". Values computed from constants only are never
+  chosen: XLA hoists them to the start, and the copy would follow.
   """
   best, best_def = None, -1
   for x in program.ops[before].input_ids():
     v = program.vars[x]
-    if x in exclude or v.is_input:
+    if x in exclude or v.is_input or program.constant_like[x]:
       continue
     if v.defined_by > best_def:
       best, best_def = x, v.defined_by
@@ -192,7 +201,8 @@ def build_schedule(program: Any, decisions: Sequence[Decision],
       ordered = ([d for d in restores if d.action is Action.OFFLOAD] +
                  [d for d in reversed(restores) if d.action is Action.REMAT])
       for d in ordered:
-        dep = cur[dep_var] if dep_var is not None else last_value
+        dep = cur[dep_var] if dep_var is not None else (
+            cur[last_value] if last_value is not None else None)
         if dep is None:
           dep = cur[program.ops[i].input_ids()[0]]
         if d.action is Action.OFFLOAD:
@@ -218,8 +228,13 @@ def build_schedule(program: Any, decisions: Sequence[Decision],
           steps.append(Step(StepKind.COMPUTE, anchor, ins, outs, op=k, var=d.var, recompute=True))
         cur[d.var] = local[d.var]
     ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
-    steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i))
-    if op.outputs:
+    literal_dep = None
+    if (op.outputs and program.constant_like[op.outputs[0]] and last_value is not None
+        and not op.input_ids()
+        and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES):
+      literal_dep = cur[last_value]
+    steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i, literal_dep=literal_dep))
+    if op.outputs and not program.constant_like[op.outputs[0]]:
       last_value = op.outputs[0]
     for o in op.outputs:
       if o in pinned_set:

@@ -143,7 +143,8 @@ def classify_inputs(args: Sequence[Any], arg_names: Sequence[str]) -> list[tuple
   """Role and readable name of every leaf of ``args``, in flattening order.
 
   Optimizer state: leaves under an optax state (``ScaleByAdamState`` ...).
-  Parameters: leaves under a ``params`` key or attribute (flax, TrainState).
+  Parameters: leaves under a ``params`` key or attribute (flax, TrainState),
+  or of an argument whose name says so (``params``, ``model_params``).
   Everything else is an input (batch, labels, rng, counters).
   """
   out: list[tuple[Role, str]] = []
@@ -157,7 +158,8 @@ def classify_inputs(args: Sequence[Any], arg_names: Sequence[str]) -> list[tuple
                 for p, _ in inner]
         continue
       names = {_key_name(k) for k in path}
-      role = Role.PARAMETER if "params" in names else Role.INPUT
+      is_param = "params" in names or prefix.split("[")[0].endswith(("params", "param"))
+      role = Role.PARAMETER if is_param else Role.INPUT
       out.append((role, prefix + jax.tree_util.keystr(tuple(path))))
   return out
 
@@ -328,6 +330,16 @@ class Program:
       vars_.append(VarInfo(vid, aval, _compat.aval_nbytes(aval), d, tuple(uses[vid]), role,
                            name, source, vid in out_ids))
     self.vars: tuple[VarInfo, ...] = tuple(vars_)
+    # Values computed from literals and constants only (iota, zeros broadcasts):
+    # XLA may compute them anywhere, so they must never order a copy or a fence.
+    const_like = [False] * len(avals)
+    for vid in self.consts:
+      const_like[vid] = True
+    for op in self.ops:
+      if all(const_like[x] for x in op.input_ids()) and not op.eqn.effects:
+        for o in op.outputs:
+          const_like[o] = True
+    self.constant_like: tuple[bool, ...] = tuple(const_like)
     self.ops = list(self.ops)
     del self._def, self._meta
     self._profile: Any = None
