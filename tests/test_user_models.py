@@ -15,11 +15,11 @@ from flax.training import train_state
 import jaxmem
 
 
-def close(a, b, rtol=1e-6):
+def close(a, b, rtol=1e-6, atol=None):
   for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
     x, y = np.asarray(x), np.asarray(y)
     scale = float(np.max(np.abs(y))) if y.size else 0.0
-    np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale)
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale if atol is None else atol)
 
 
 # --- 1. TrainState + LayerNorm residual MLP + sgd momentum with clipping -----------------
@@ -178,9 +178,10 @@ def test_batchnorm_cnn_needs_the_compiler_fallback():
   assert "compiled with" in res.summary()
   mem = jaxmem.compiled_memory(fitted.lower(*args).compile())
   assert mem.peak_bytes <= res.budget_bytes
-  # BatchNorm's bias gradients are sums of ~32k terms that cancel to ~1e-5; the
+  # BatchNorm's gradients are sums of ~32k terms that cancel (the conv biases'
+  # are exactly zero in exact arithmetic, ~1e-9 of rounding noise here); the
   # fences split XLA's fused reductions, so they are summed in another order.
-  # Every leaf agrees to 1e-3 of its largest element (measured: 2.3e-4).
+  # Parameters are O(0.1): agreement to 1e-7 absolute is float noise.
   same_options = jax.jit(step, compiler_options=res.compiler_options)
-  close(fitted(*args), same_options(*args), rtol=1e-3)
-  close(fitted(*args), jax.jit(step)(*args), rtol=1e-3)
+  close(fitted(*args), same_options(*args), rtol=1e-5, atol=1e-7)
+  close(fitted(*args), jax.jit(step)(*args), rtol=1e-5, atol=1e-7)
