@@ -83,7 +83,7 @@ def test_roles_sources_and_report(mlp_small):
   assert "params['params']['Dense_0']['kernel']" in params
   assert all(".mu" in v.name or ".nu" in v.name or "count" in v.name
              for v in by_role[Role.OPTIMIZER_STATE])
-  assert {v.name for v in by_role[Role.INPUT]} == {"x", "y"}
+  assert {v.name for v in by_role[Role.INPUT]} == {"inputs", "labels"}
   acts = by_role[Role.ACTIVATION]
   assert acts and all(v.defined_by >= 0 for v in acts)
   # The big activations are attributed to the model's file and flax module path.

@@ -1,12 +1,23 @@
-"""The first planner: greedy over the peak, ranked by bytes x gap.
+"""The first planner: greedy over the peak, ranked by area of absence.
 
-While the estimated peak is above the target, take the activations whose
-lifetime gap spans the peak, pick the one with the largest ``bytes x gap``
-(the swap-candidate heuristic shared by vDNN §3 and AutoSwap §IV-B: big tensors
-idle for long stretches), and free it for that gap: recompute it (remat) when a
-short chain of cheap ops rebuilds it from values that are live anyway and that
-is cheaper on ``device`` than a round trip to host, otherwise stage it to host
-(offload). Re-price the schedule and repeat.
+While the estimated peak is above the target:
+
+1. candidates (AutoSwap, paper 003 §IV-A): values at least ``min_bytes`` large
+   whose idle gap between two consecutive uses spans the current peak;
+2. ranking (AutoSwap §IV-B, AOA): bytes x length of the gap, the "area of
+   absence" removed from under the memory curve, with the gap measured in
+   program positions rather than seconds (the cost model comes with issue 5);
+3. action: recompute the value just before its next use (remat) when a short
+   chain of ops rebuilds it from values that are live there anyway and that is
+   cheaper on ``device`` than a round trip to host; otherwise stage it to host
+   after its last use and fetch it back just before the next one (vDNN, paper
+   004 §3.3: offload a feature map once its forward consumers are done,
+   prefetch it for its backward consumer);
+4. re-price the schedule and repeat.
+
+Kept activations produced by cheap elementwise ops are *pinned* (Layrub,
+paper 002 §4.2, memory-efficient ReLU: keep the 1-byte mask, not the float
+activation it was computed from), see ``schedule.build_schedule``.
 """
 
 from __future__ import annotations
