@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
 import pytest
+from hypothesis import settings
+
+# CI runs a fixed set of examples (no flaky discoveries blocking a merge); set
+# JAXMEM_EXAMPLES=200 to search wider (tests/test_rewrite_properties.py).
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+  settings.load_profile("ci")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 if str(EXAMPLES) not in sys.path:

@@ -170,3 +170,11 @@ def test_out_of_range_argnums():
   fitted = jaxmem.fit(1.0, static_argnums=3)(lambda x: x)
   with pytest.raises(ValueError, match="out of range"):
     fitted(jnp.ones(2))
+
+
+def test_transformations_of_a_fitted_step_are_explained():
+  fitted = jaxmem.fit(1.0)(lambda x: jnp.sin(x).sum())
+  with pytest.raises(TypeError, match="put `jax.grad` inside the step"):
+    jax.jit(fitted)(jnp.ones(3))
+  with pytest.raises(TypeError, match="not inside `jax.jit`, `jax.grad`"):
+    jax.grad(fitted)(jnp.ones(3))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,8 @@ from jaxmem._src.plan import Action, Decision
 from jaxmem._src.planners.greedy import _State, find_chain
 from jaxmem._src.rewrite import schedule_function
 from jaxmem._src.schedule import build_schedule
+
+EXAMPLES = int(os.environ.get("JAXMEM_EXAMPLES", "12"))
 
 ACTS = {
     "relu": jax.nn.relu, "tanh": jnp.tanh, "sin": jnp.sin, "gelu": jax.nn.gelu,
@@ -82,7 +86,7 @@ def assert_same_values(a, b):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6 * scale)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.data())
 def test_random_decisions_keep_values(spec, data):
   """Offload or remat a random subset of gaps, pin random activations: same results."""
@@ -118,7 +122,7 @@ def test_random_decisions_keep_values(spec, data):
   assert_same_values(got, want)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max(1, EXAMPLES * 2 // 3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.floats(0.2, 0.95))
 def test_fit_on_random_programs(spec, fraction):
   """`fit` either meets the budget with identical results or raises BudgetError."""

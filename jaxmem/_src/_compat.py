@@ -7,6 +7,7 @@ JAX upgrade touches one file. Measured against jax/jaxlib 0.10.2.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator
 
 import numpy as np
@@ -88,11 +89,29 @@ def empty_name_stack() -> Any:
 
 
 def user_frame(eqn: JaxprEqn) -> tuple[str, int, str] | None:
-  """``(file, line, function)`` of the user code that emitted ``eqn``."""
-  frame = _siu.user_frame(eqn.source_info.traceback)
-  if frame is None:
+  """``(file, line, function)`` of the user code that emitted ``eqn``.
+
+  The innermost frame outside JAX and outside installed libraries (flax,
+  optax, ... under ``site-packages``): "which line of *my* model made it".
+  Falls back to JAX's own notion of the user frame.
+  """
+  return _user_frame(eqn.source_info.traceback)
+
+
+_LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
+
+
+@functools.lru_cache(maxsize=4096)
+def _user_frame(traceback: Any) -> tuple[str, int, str] | None:
+  first = None
+  for frame in _siu.user_frames(traceback):
+    if first is None:
+      first = frame
+    if not any(d in frame.file_name for d in _LIBRARY_DIRS):
+      return frame.file_name, frame.start_line, frame.function_name
+  if first is None:
     return None
-  return frame.file_name, frame.start_line, frame.function_name
+  return first.file_name, first.start_line, first.function_name
 
 
 @contextlib.contextmanager

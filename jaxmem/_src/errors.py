@@ -40,7 +40,7 @@ class BudgetError(JaxmemError, ValueError):
              f"  budget asked:            {format_bytes(budget_bytes)} ({budget_bytes} bytes)",
              f"  smallest peak reachable: {format_bytes(smallest_bytes)} ({smallest_bytes} bytes)"]
     if self.holders:
-      lines.append("  largest holders at that peak:")
+      lines.append("  largest holders at that peak (jaxmem's estimate of the plan):")
       lines += [f"    {format_bytes(b):>12}  {d}" for d, b in self.holders]
     lines.append(f"Pass a budget of at least {format_bytes(smallest_bytes)} to `jaxmem.fit`, "
                  "reduce the batch size, or donate arguments (`donate_argnums`).")

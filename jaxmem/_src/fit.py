@@ -172,6 +172,11 @@ class Fitted:
                         f"{type(v).__name__}.") from None
     dyn_pos = [a for i, a in enumerate(args) if i not in static]
     check_array_args(dyn_pos + [kwargs], "jaxmem.fit", static_hint=True)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((dyn_pos, kwargs))):
+      raise TypeError(
+          "A `jaxmem.fit` step is planned, compiled and verified for concrete arguments: call it "
+          "directly, not inside `jax.jit`, `jax.grad` or `jax.vmap` (it is compiled already). To "
+          "fit a step that differentiates, put `jax.grad` inside the step.")
     fun = self.fun
 
     def inner(*dyn_and_kw: Any) -> Any:
