@@ -10,7 +10,7 @@ planner and the report agree on what "live" means.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -54,13 +54,109 @@ def profile_from_intervals(num_positions: int, starts: Sequence[int], ends: Sequ
 
 
 def program_profile(program) -> Profile:  # noqa: ANN001 (Program, avoids import cycle)
-  """Profile of an unplanned :class:`~jaxmem._src.trace.Program`."""
+  """Estimated profile of an unplanned :class:`~jaxmem._src.trace.Program` (XLA model applied)."""
+  from jaxmem._src import xla_model
   n = program.num_ops
+  kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
+  for op in program.ops:
+    kinds.append(xla_model.fusion_kind(op.primitive))
+    inputs.append(op.input_ids())
+    outputs.append(list(op.outputs))
+    t, h = xla_model.hidden_bytes(op.eqn, program.backend)
+    transient.append(op.transient_bytes + t)
+    hoisted.append(h)
   starts, ends, sizes = [], [], []
   for v in program.vars:
     s, e = program.interval(v.id)
     starts.append(s)
     ends.append(e)
     sizes.append(v.nbytes)
-  transient = [op.transient_bytes for op in program.ops] + [0]
-  return profile_from_intervals(n + 1, starts, ends, sizes, transient)
+  materialized = {v.id for v in program.vars if v.is_input or v.is_output}
+  hoist = {v.id for v in program.vars if program.constant_like[v.id] and not v.is_input}
+  flow = Flow(n, kinds, inputs, outputs, transient, hoisted, starts, ends, sizes, materialized,
+              hoist)
+  return estimate(flow)[0]
+
+
+@dataclasses.dataclass
+class Flow:
+  """A program (or a planned schedule) as the lifetime estimator sees it.
+
+  Positions ``0..num_steps-1`` are the steps, ``num_steps`` the exit.
+
+  Attributes:
+    num_steps: number of steps.
+    step_kind: per step, its :class:`~jaxmem._src.xla_model.Fusion` kind.
+    step_inputs: per step, the value ids it reads.
+    step_outputs: per step, the value ids it writes.
+    transient: per step, extra bytes live only during it.
+    hoisted: per step, extra bytes live from the start until it.
+    start, end: per value, first and last live position (``-1``: unused id).
+    nbytes: per value, its size.
+    materialized: values XLA must store (step results, arguments).
+    hoist_to_start: values XLA computes at the program start.
+  """
+  num_steps: int
+  step_kind: list[Any]
+  step_inputs: list[list[int]]
+  step_outputs: list[list[int]]
+  transient: list[int]
+  hoisted: list[int]
+  start: list[int]
+  end: list[int]
+  nbytes: list[int]
+  materialized: set[int]
+  hoist_to_start: set[int]
+
+
+def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
+  """Live-bytes profile of a :class:`Flow` under the XLA model.
+
+  Virtual values (fused away, see :mod:`jaxmem._src.xla_model`) take no bytes;
+  their inputs live until their last use instead. Returns the profile (holders
+  are value ids; hidden XLA temporaries count in the totals, not as holders)
+  and the per-value ``virtual`` mask.
+  """
+  from jaxmem._src.xla_model import FUSIBLE_CONSUMERS, Fusion
+
+  nvals = len(flow.nbytes)
+  start = list(flow.start)
+  end = list(flow.end)
+  consumers: list[list[int]] = [[] for _ in range(nvals)]
+  for s, ins in enumerate(flow.step_inputs):
+    for x in ins:
+      if not consumers[x] or consumers[x][-1] != s:
+        consumers[x].append(s)
+  virtual = np.zeros(nvals, dtype=bool)
+  for s in range(flow.num_steps - 1, -1, -1):
+    kind = flow.step_kind[s]
+    for o in flow.step_outputs[s]:
+      if o in flow.materialized or not consumers[o]:
+        continue
+      if kind is Fusion.VIEW and flow.step_inputs[s]:
+        pass                                          # a bitcast: always an alias
+      elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
+        if not all(flow.step_kind[c] in FUSIBLE_CONSUMERS for c in consumers[o]):
+          continue
+      else:
+        continue
+      virtual[o] = True
+      for x in flow.step_inputs[s]:
+        end[x] = max(end[x], end[o])
+  for v in flow.hoist_to_start:
+    if not virtual[v]:
+      start[v] = 0
+  ids = [v for v in range(nvals) if start[v] >= 0]
+  starts = [start[v] for v in ids]
+  ends = [max(end[v], start[v]) for v in ids]
+  sizes = [0 if virtual[v] else flow.nbytes[v] for v in ids]
+  for s, h in enumerate(flow.hoisted):
+    if h:
+      starts.append(0)
+      ends.append(s)
+      sizes.append(h)
+  transient = list(flow.transient) + [0]
+  prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
+  holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
+  return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
+                             holder_bytes=tuple(b for _, b in holders)), virtual

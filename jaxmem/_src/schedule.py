@@ -79,39 +79,56 @@ class Schedule:
     return HANDLE_BYTES if var is None else self.program.vars[var].nbytes
 
   def profile(self) -> lifetimes.Profile:
-    """Estimated live bytes per step (the last position is the exit)."""
+    """Estimated live bytes per step (the last position is the exit), XLA model applied.
+
+    Fences, pins, offloads and fetches are custom calls: XLA stores what they
+    read and write, which is how a pin keeps a mask from being fused away.
+    """
+    from jaxmem._src import substitutions, xla_model
     prog = self.program
     n = len(self.steps)
     nvals = len(self.value_var)
     start = [-1] * nvals
     end = [-1] * nvals
-    for vid in prog.invars:
+    for vid in (*prog.invars, *prog.consts):
       start[vid] = 0
-    for vid in prog.consts:
-      start[vid] = 0
+    kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
+    hoist: set[int] = set()
     for i, st in enumerate(self.steps):
-      for x in st.inputs:
-        if isinstance(x, int):
-          end[x] = i
+      ins = [x for x in st.inputs if isinstance(x, int)]
+      for x in ins:
+        end[x] = i
       for o in st.outputs:
         start[o] = i
         end[o] = max(end[o], i)
+      t = h = 0
+      if st.kind is StepKind.COMPUTE:
+        op = prog.ops[st.op]
+        subst = substitutions.applies(op.eqn)
+        kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
+        t, h = xla_model.hidden_bytes(op.eqn, prog.backend, substituted=subst)
+        t += op.transient_bytes
+        if st.literal_dep is None:
+          hoist.update(o for o in st.outputs if prog.constant_like[self.value_var[o]])
+      else:
+        kind = xla_model.Fusion.MATERIALIZED
+      kinds.append(kind)
+      inputs.append(ins)
+      outputs.append(list(st.outputs))
+      transient.append(t)
+      hoisted.append(h)
     for vid in prog.invars:
       if vid not in prog.donated or prog.vars[vid].is_output:
         end[vid] = n
     for vid in prog.consts:
       end[vid] = n
-    for x in self.outputs:
-      if isinstance(x, int):
-        end[x] = n
-    ids = [v for v in range(nvals) if start[v] >= 0]
-    transient = [prog.ops[st.op].transient_bytes if st.kind is StepKind.COMPUTE else 0
-                 for st in self.steps] + [0]
-    prof = lifetimes.profile_from_intervals(
-        n + 1, [start[v] for v in ids], [max(end[v], start[v]) for v in ids],
-        [self.value_bytes(v) for v in ids], transient)
-    holders = tuple(ids[i] for i in prof.holders)
-    return dataclasses.replace(prof, holders=holders)
+    outs = {x for x in self.outputs if isinstance(x, int)}
+    for x in outs:
+      end[x] = n
+    materialized = set(prog.invars) | set(prog.consts) | outs
+    flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
+                          [self.value_bytes(v) for v in range(nvals)], materialized, hoist)
+    return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:
     return self.steps[index].anchor if index < len(self.steps) else float(self.program.num_ops)

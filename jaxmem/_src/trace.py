@@ -228,6 +228,7 @@ class Program:
                donate_argnums: Sequence[int] = (), arg_names: Sequence[str] | None = None,
                closed_jaxpr: Any | None = None):
     flat_args, self.in_tree = jax.tree_util.tree_flatten(tuple(args))
+    self.backend: str = jax.default_backend()
     self._out_tree: Any = None
 
     def flat_fun(*leaves: Any) -> list[Any]:
