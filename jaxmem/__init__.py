@@ -12,6 +12,7 @@ Trace -> lifetimes -> plan -> rewrite -> verify:
 
 from jaxmem._src import native
 from jaxmem._src.budget import BudgetSpec, parse_budget
+from jaxmem._src.compare import Comparison, compare
 from jaxmem._src.cost import DeviceProfile, device_profile
 from jaxmem._src.errors import BudgetError, JaxmemError, format_bytes
 from jaxmem._src.fit import FitResult, Fitted, fit
@@ -44,7 +45,8 @@ def plan(fun, *args, budget, planner="auto", device=None):  # noqa: ANN001, ANN2
 
 
 __all__ = [
-    "Action", "BudgetError", "BudgetSpec", "CompiledMemory", "Decision", "DeviceProfile",
+    "Action", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory", "Decision",
+    "DeviceProfile", "compare",
     "FitResult", "Fitted", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile", "Program",
     "Role", "Schedule", "VarInfo", "analyze", "compiled_memory", "device_profile", "fit",
     "format_bytes", "get_planner", "native", "parse_budget", "plan",

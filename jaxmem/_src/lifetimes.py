@@ -25,12 +25,18 @@ class Profile:
     peak_index: first position reaching the peak.
     holders: ids of the values live at the peak, largest first.
     holder_bytes: their sizes.
+    intervals: per value id, its estimated ``(start, end)`` after the XLA
+      model (a fused-away value's inputs live until its last use); ``None``
+      for profiles built from raw intervals.
+    virtual: per value id, whether XLA fuses it away (stores no bytes).
   """
   live_bytes: np.ndarray
   peak_bytes: int
   peak_index: int
   holders: tuple[int, ...]
   holder_bytes: tuple[int, ...]
+  intervals: tuple[tuple[int, int], ...] | None = None
+  virtual: np.ndarray | None = None
 
 
 def profile_from_intervals(num_positions: int, starts: Sequence[int], ends: Sequence[int],
@@ -158,5 +164,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   transient = list(flow.transient) + [0]
   prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
+  intervals = tuple((start[v], max(end[v], start[v])) for v in range(nvals))
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
-                             holder_bytes=tuple(b for _, b in holders)), virtual
+                             holder_bytes=tuple(b for _, b in holders), intervals=intervals,
+                             virtual=virtual), virtual

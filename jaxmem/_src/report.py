@@ -11,9 +11,17 @@ SCHEMA = "jaxmem.program/1"
 
 
 def _interval(program: Any, vid: int) -> str:
+  """Estimated live interval; ``*`` marks an end extended by a fused-away use."""
   s, e = program.interval(vid)
+  ivs = program.profile.intervals
+  mark = ""
+  if ivs is not None:
+    s2, e2 = ivs[vid]
+    if e2 > e:
+      mark = "*"
+    s, e = s2, e2
   end = "exit" if e >= program.num_ops else str(e)
-  return f"{s}..{end}"
+  return f"{s}..{end}{mark}"
 
 
 def program_report(program: Any, top: int = 15) -> str:
@@ -40,7 +48,12 @@ def program_report(program: Any, top: int = 15) -> str:
   lines.append("live at the peak, by module:")
   for mod, b in sorted(by_module.items(), key=lambda kv: -kv[1])[:10]:
     lines.append(f"  {mod[:40]:40} {format_bytes(b):>12}")
-  lines.append(f"top {min(top, len(prof.holders))} buffers at the peak:")
+  hidden = prof.peak_bytes - sum(prof.holder_bytes)
+  if hidden > 0:
+    lines.append(f"  {'XLA temporaries':16} {format_bytes(hidden):>12}  {hidden / max(1, prof.peak_bytes):6.1%}"
+                 "  (layout copies, expansions: not jaxpr values)")
+  lines.append(f"top {min(top, len(prof.holders))} buffers at the peak "
+               "(live: op positions; * = kept for a use XLA fuses into a later op):")
   lines.append(f"  {'bytes':>11}  {'type':24} {'role':15} {'live':>12}  source / name")
   for vid, nbytes in list(zip(prof.holders, prof.holder_bytes))[:top]:
     v = vars_[vid]
@@ -63,6 +76,9 @@ def program_json(program: Any) -> dict[str, Any]:
       "values": [{
           "id": v.id, "shape": list(v.shape), "dtype": v.dtype, "bytes": v.nbytes,
           "defined_by": v.defined_by, "uses": list(v.uses), "interval": list(program.interval(v.id)),
+          "estimated_interval": (list(prof.intervals[v.id]) if prof.intervals is not None
+                                 else list(program.interval(v.id))),
+          "fused": bool(prof.virtual[v.id]) if prof.virtual is not None else False,
           "role": v.role.value, "name": v.name, "source": v.source, "is_output": v.is_output,
       } for v in program.vars],
       "ops": [{"index": op.index, "primitive": op.primitive, "phase": op.phase.value,
