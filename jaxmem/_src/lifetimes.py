@@ -142,8 +142,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       if kind is Fusion.VIEW and flow.step_inputs[s]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
-        if not all(flow.step_kind[c] in FUSIBLE_CONSUMERS for c in consumers[o]):
+        ckinds = [flow.step_kind[c] for c in consumers[o]]
+        if not all(k in FUSIBLE_CONSUMERS for k in ckinds):
           continue
+        if Fusion.REDUCE in ckinds and len(ckinds) > 1:
+          continue        # XLA does not duplicate a producer into a reduction
       else:
         continue
       virtual[o] = True

@@ -124,6 +124,7 @@ class Schedule:
       end[vid] = n
     outs = {x for x in self.outputs if isinstance(x, int)}
     for x in outs:
+      start[x] = 0   # reserved for the whole step, as memory_analysis() counts them
       end[x] = n
     materialized = set(prog.invars) | set(prog.consts) | outs
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,

@@ -368,7 +368,9 @@ class Program:
     """``[start, end]`` op positions where variable ``vid`` is live.
 
     Position ``num_ops`` is the step's exit, where outputs and non-donated
-    arguments are still held.
+    arguments are still held. Outputs are held from the start: the compiled
+    peak we verify against (``memory_analysis()``: argument + output + temp -
+    alias) reserves the output buffers for the whole step.
     """
     v = self.vars[vid]
     end_of_program = self.num_ops
@@ -378,7 +380,7 @@ class Program:
       return 0, end_of_program
     start = v.defined_by
     if v.is_output:
-      return start, end_of_program
+      return 0, end_of_program
     return start, (v.uses[-1] if v.uses else start)
 
   def report(self, top: int = 15) -> str:

@@ -77,6 +77,24 @@ class _State:
               bisect.insort(lst, d.end)
 
 
+def pins(program: Any) -> tuple[int, ...]:
+  """Activations to materialize right after their definition (Layrub §4.2).
+
+  XLA would fuse a cheap producer into the backward consumer and keep the
+  producer's inputs alive instead; pinning pays when the value is at most half
+  the size of those inputs (a 1-byte ReLU mask of a 4-byte float).
+  """
+  out = []
+  for v in program.vars:
+    if v.role is not Role.ACTIVATION or program.ops[v.defined_by].primitive in _MATERIALIZED:
+      continue
+    ins = [program.vars[x] for x in program.ops[v.defined_by].input_ids()]
+    source_bytes = sum(x.nbytes for x in ins if not x.is_input)
+    if 2 * v.nbytes <= source_bytes:
+      out.append(v.id)
+  return tuple(out)
+
+
 def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int, ...] | None:
   """Ops that rebuild ``vid`` just before ``pos`` from values available there."""
   prog = state.program
@@ -141,7 +159,8 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
                 if v.role in _CANDIDATE_ROLES and not v.is_input and not v.is_output
                 and v.nbytes >= min_bytes and v.uses]
   rejected: set[tuple[int, int, int]] = set()
-  schedule = build_schedule(program, ())
+  pinned = pins(program)
+  schedule = build_schedule(program, (), pinned)
   prof = schedule.profile()
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)
@@ -176,11 +195,7 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
       rejected.add((vid, a, b))
       continue
     state.add(d)
-    schedule = build_schedule(program, state.decisions)
+    schedule = build_schedule(program, state.decisions, pinned)
     prof = schedule.profile()
-  decided = {d.var for d in state.decisions}
-  pinned = tuple(v.id for v in program.vars
-                 if v.role is Role.ACTIVATION and v.id not in decided
-                 and program.ops[v.defined_by].primitive not in _MATERIALIZED)
   return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
               "greedy", pinned)
