@@ -84,8 +84,10 @@ class Schedule:
     Fences, pins, offloads and fetches are custom calls: XLA stores what they
     read and write, which is how a pin keeps a mask from being fused away.
     """
-    from jaxmem._src import substitutions, xla_model
+    from jaxmem._src import xla_model
     prog = self.program
+    model = prog.op_memory_model
+    const_like = prog.constant_like
     n = len(self.steps)
     nvals = len(self.value_var)
     start = [-1] * nvals
@@ -103,13 +105,10 @@ class Schedule:
         end[o] = max(end[o], i)
       t = h = 0
       if st.kind is StepKind.COMPUTE:
-        op = prog.ops[st.op]
-        subst = substitutions.applies(op.eqn)
-        kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
-        t, h = xla_model.hidden_bytes(op.eqn, prog.backend, substituted=subst)
-        t += op.transient_bytes
-        if st.literal_dep is None:
-          hoist.update(o for o in st.outputs if prog.constant_like[self.value_var[o]])
+        kind, t, h, _ = model[st.op]
+        op_outs = prog.ops[st.op].outputs
+        if st.literal_dep is None and op_outs and const_like[op_outs[0]]:
+          hoist.update(st.outputs)
       else:
         kind = xla_model.Fusion.MATERIALIZED
       kinds.append(kind)

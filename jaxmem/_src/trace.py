@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import re
 from typing import Any, Callable, Sequence
@@ -121,6 +122,7 @@ class VarInfo:
 _TRANSFORM = re.compile(r"[A-Za-z_]+\(")
 
 
+@functools.lru_cache(maxsize=8192)
 def module_path(name_stack: str) -> str:
   """``'transpose(jvp(MLP))/Dense_0'`` -> ``'MLP/Dense_0'``."""
   path = _TRANSFORM.sub("", name_stack).replace(")", "")
@@ -346,6 +348,22 @@ class Program:
     self._profile: Any = None
 
   # -- queries --------------------------------------------------------------
+
+  @functools.cached_property
+  def op_memory_model(self) -> tuple[tuple[Any, int, int, bool], ...]:
+    """Per op: ``(fusion kind, transient, hoisted, substituted)`` under the XLA model.
+
+    For ops a lowering substitution replaces, kind and bytes describe the
+    substitute (used by planned schedules, which apply substitutions).
+    """
+    from jaxmem._src import substitutions, xla_model
+    out = []
+    for op in self.ops:
+      subst = substitutions.applies(op.eqn)
+      kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
+      t, h = xla_model.hidden_bytes(op.eqn, self.backend, substituted=subst)
+      out.append((kind, t + op.transient_bytes, h, subst))
+    return tuple(out)
 
   @property
   def num_ops(self) -> int:

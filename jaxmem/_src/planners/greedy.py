@@ -113,7 +113,7 @@ def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int
     op = prog.ops[k]
     if op.primitive in _NO_REMAT or op.eqn.effects or _compat.sub_jaxprs(op.eqn):
       return False
-    if len(chain) >= max_ops:
+    if len(seen) >= max_ops:   # bound the ops entered, so the recursion is bounded too
       return False
     seen.add(k)
     for y in op.input_ids():
@@ -123,6 +123,21 @@ def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int
     return True
 
   return tuple(chain) if need(vid, force=True) else None
+
+
+def _decide(state: _State, program: Any, vid: int, a: int, b: int, dev: Any, op_flops: Any,
+            max_chain: int, allow_remat: bool, allow_offload: bool) -> Decision | None:
+  """Remat or offload of ``vid`` over the gap ``(a, b)``, whichever is cheaper on ``dev``."""
+  v = program.vars[vid]
+  offload_ok = allow_offload and _compat.is_plain_array_aval(v.aval)
+  offload_cost = 2.0 * v.nbytes / dev.host_bytes_per_s
+  chain = find_chain(state, vid, b, max_chain) if allow_remat else None
+  remat_cost = sum(op_flops(k) for k in chain) / dev.flops_per_s if chain else float("inf")
+  if chain and (not offload_ok or remat_cost <= offload_cost):
+    return Decision(vid, Action.REMAT, a, b, chain, v.nbytes, remat_cost)
+  if offload_ok:
+    return Decision(vid, Action.OFFLOAD, a, b, (), v.nbytes, offload_cost)
+  return None
 
 
 def greedy(program: Any, budget_bytes: int, device: Any = None, *,
@@ -164,7 +179,7 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
   prof = schedule.profile()
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)
-    best: tuple[float, int, int, int] | None = None
+    spanning: list[tuple[float, int, int, int]] = []
     for vid in candidates:
       ev = state.events(vid)
       j = bisect.bisect_left(ev, peak_anchor)
@@ -175,26 +190,29 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
         continue
       if (a, b) in state.gaps.get(vid, ()):
         continue
-      nbytes = program.vars[vid].nbytes
-      score = float(nbytes) * (b - a)
-      if best is None or score > best[0]:
-        best = (score, vid, a, b)
-    if best is None:
+      spanning.append((float(program.vars[vid].nbytes) * (b - a), vid, a, b))
+    if not spanning:
       break
-    _, vid, a, b = best
-    v = program.vars[vid]
-    offload_ok = allow_offload and _compat.is_plain_array_aval(v.aval)
-    offload_cost = 2.0 * v.nbytes / dev.host_bytes_per_s
-    chain = find_chain(state, vid, b, max_chain) if allow_remat else None
-    remat_cost = sum(op_flops(k) for k in chain) / dev.flops_per_s if chain else float("inf")
-    if chain and (not offload_ok or remat_cost <= offload_cost):
-      d = Decision(vid, Action.REMAT, a, b, chain, v.nbytes, remat_cost)
-    elif offload_ok:
-      d = Decision(vid, Action.OFFLOAD, a, b, (), v.nbytes, offload_cost)
-    else:
-      rejected.add((vid, a, b))
+    # Take the best gaps at this peak until they cover the excess, then re-price
+    # once: the schedule is rebuilt per batch, not per decision.
+    spanning.sort(reverse=True)
+    excess = prof.peak_bytes - budget_bytes
+    freed = 0
+    for _, vid, a, b in spanning:
+      if freed >= excess:
+        break
+      ev = state.events(vid)
+      j = bisect.bisect_left(ev, b)
+      if j == 0 or ev[j - 1] != a or j >= len(ev) or ev[j] != b:
+        continue  # an earlier remat in this batch added a use inside the gap
+      d = _decide(state, program, vid, a, b, dev, op_flops, max_chain, allow_remat, allow_offload)
+      if d is None:
+        rejected.add((vid, a, b))
+        continue
+      state.add(d)
+      freed += d.nbytes
+    if not freed:
       continue
-    state.add(d)
     schedule = build_schedule(program, state.decisions, pinned)
     prof = schedule.profile()
   return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
