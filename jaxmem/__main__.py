@@ -1,4 +1,4 @@
-"""Command line: ``python -m jaxmem demo``."""
+"""Command line: ``python -m jaxmem demo`` and ``python -m jaxmem report MODULE:FACTORY``."""
 
 from __future__ import annotations
 
@@ -21,10 +21,15 @@ def main(argv: list[str] | None = None) -> int:
   demo.add_argument("--steps", type=int, default=3, help="train steps (default 3)")
   demo.add_argument("--budget", type=_budget, default=0.5,
                     help="budget: bytes, '800MiB', or a fraction of the unplanned peak (default 0.5)")
+  from jaxmem._src.cli import add_report_parser
+  add_report_parser(sub)
   args = parser.parse_args(argv)
   if args.command == "demo":
     from jaxmem._src.demo import run_demo
     return run_demo(args.batch, args.steps, args.budget)
+  if args.command == "report":
+    from jaxmem._src.cli import main_report
+    return main_report(args)
   return 2  # pragma: no cover
 
 

@@ -66,16 +66,21 @@ def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True) -> Compar
   check_array_args(args, "jaxmem.compare")
   program = Program(fun, args)
   compiled = compiled_memory(jax.jit(fun).lower(*args).compile())
+  cmp = compare_program(program, compiled)
+  if verbose:
+    print(cmp)
+  return cmp
+
+
+def compare_program(program: Program, compiled: CompiledMemory) -> Comparison:
+  """:func:`compare` for a traced program and its compiled memory."""
   prof = program.profile
   raw = lifetimes.profile_from_intervals(
       program.num_ops + 1, *zip(*[(*program.interval(v.id), v.nbytes) for v in program.vars]))
   notes = _explain(program, prof, raw.peak_bytes)
   est = prof.peak_bytes
-  cmp = Comparison(est, raw.peak_bytes, compiled, est / max(1, compiled.peak_bytes) - 1.0,
-                   tuple(notes))
-  if verbose:
-    print(cmp)
-  return cmp
+  return Comparison(est, raw.peak_bytes, compiled, est / max(1, compiled.peak_bytes) - 1.0,
+                    tuple(notes))
 
 
 def _explain(program: Program, prof: lifetimes.Profile, raw_peak: int) -> list[str]:
