@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -129,12 +130,12 @@ def aval_nbytes(aval: Any) -> int:
   dtype = getattr(aval, "dtype", None)
   if shape is None or dtype is None:   # tokens, refs and other non-arrays
     return 0
-  size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+  size = math.prod(shape)
   if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
     # Typed PRNG keys: stored as their base representation.
     impl = getattr(dtype, "_impl", None)
     key_shape = getattr(impl, "key_shape", (2,))
-    return size * int(np.prod(key_shape)) * 4
+    return size * math.prod(key_shape) * 4
   return size * np.dtype(dtype).itemsize
 
 
