@@ -343,6 +343,9 @@ def run_report(args: argparse.Namespace) -> int:
     except OSError as e:
       print(f"jaxmem report: error: {flag} {path}: {e.strerror or e}", file=sys.stderr)
       status = EXIT_OUTPUT_FAILED
+    except ImportError as e:   # e.g. --png without matplotlib
+      print(f"jaxmem report: error: {flag} {path}: {e}", file=sys.stderr)
+      status = EXIT_OUTPUT_FAILED
       return
     print(f"wrote {path}", flush=True)
 

@@ -57,6 +57,11 @@ def _conv(eqn: Any) -> float:
 
 
 _OPAQUE = {"scan", "while", "cond", "checkpoint", "remat", "custom_lin", "shard_map"}
+# Primitives whose params hold a scalar combiner jaxpr, not a body to run: one
+# combiner application per output element (the default rule).
+_COMBINERS = {"scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min",
+              "scatter_max", "scatter_apply", "reduce_window", "select_and_scatter",
+              "select_and_gather_add", "reduce", "sort", "argsort", "reduce_precision"}
 
 
 def eqn_flops(eqn: Any) -> float:
@@ -64,7 +69,7 @@ def eqn_flops(eqn: Any) -> float:
   rule = _RULES.get(eqn.primitive.name)
   if rule is not None:
     return rule(eqn)
-  subs = _compat.sub_jaxprs(eqn)
+  subs = _compat.sub_jaxprs(eqn) if eqn.primitive.name not in _COMBINERS else []
   if subs:
     inner = sum(eqn_flops(e) for j in subs for e in j.eqns)
     trips = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1

@@ -86,6 +86,11 @@ class Plan:
     from jaxmem._src import schedule
     return schedule.build_schedule(self.program, self.decisions, self.pinned)
 
+  def to_perfetto(self, path: str | None = None, *, device: Any = None) -> dict:
+    """Chrome/Perfetto trace JSON of the schedule (compute and copy threads)."""
+    from jaxmem._src.perfetto import schedule_trace
+    return schedule_trace(self, path, device=device)
+
   def summary(self, top: int = 10) -> str:
     """Human-readable summary: counts, bytes moved, the largest decisions."""
     lines = [

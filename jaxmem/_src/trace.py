@@ -375,7 +375,27 @@ class Program:
     if self._profile is None:
       from jaxmem._src import lifetimes
       self._profile = lifetimes.program_profile(self)
+      self._refine_roles()
     return self._profile
+
+  def _refine_roles(self) -> None:
+    """A forward value kept alive into the backward pass by a fused use is an activation.
+
+    (XLA recomputes a fused ReLU mask in the backward pass from the matmul
+    output: that output is what is saved for backward.)
+    """
+    ivs = self._profile.intervals
+    backward = [op.index for op in self.ops if op.phase is Phase.BACKWARD]
+    if ivs is None or not backward:
+      return
+    first_backward = backward[0]
+    vars_ = list(self.vars)
+    for v in vars_:
+      if (v.role is Role.TEMPORARY and not v.is_input
+          and self.ops[v.defined_by].phase is Phase.FORWARD
+          and first_backward <= ivs[v.id][1] < self.num_ops):
+        vars_[v.id] = dataclasses.replace(v, role=Role.ACTIVATION)
+    self.vars = tuple(vars_)
 
   @property
   def peak_bytes(self) -> int:
@@ -400,6 +420,18 @@ class Program:
     if v.is_output:
       return 0, end_of_program
     return start, (v.uses[-1] if v.uses else start)
+
+  def plot(self, path: str, *, budget_bytes: int | None = None, plan: Any = None,
+           title: str | None = None) -> str:
+    """PNG of live bytes over program order, stacked by role (needs matplotlib)."""
+    from jaxmem._src.plot import plot_program
+    return plot_program(self, path, budget_bytes=budget_bytes, plan=plan, title=title)
+
+  def to_html(self, path: str | None = None, *, budget_bytes: int | None = None,
+              plan: Any = None, top: int = 30) -> str:
+    """A self-contained HTML report (chart, tables by role and module, top buffers)."""
+    from jaxmem._src.html_report import html_report
+    return html_report(self, path, budget_bytes=budget_bytes, plan=plan, top=top)
 
   def report(self, top: int = 15) -> str:
     """A table of the peak and the largest holders there, with source lines."""
