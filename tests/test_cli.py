@@ -213,19 +213,23 @@ def test_module_name_form(capsys):
 def test_subprocess_mlp(tmp_path):
   path = tmp_path / "m.json"
   env = dict(os.environ)
-  r = subprocess.run([sys.executable, "-m", "jaxmem", "report", "examples/mlp.py:build", *MLP_KW,
-                      "--json", str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
+  # Run outside the source tree: from the repository root, `python -m jaxmem`
+  # would import the unbuilt source package instead of the installed one.
+  target = f"{ROOT / 'examples' / 'mlp.py'}:build"
+  r = subprocess.run([sys.executable, "-m", "jaxmem", "report", target, *MLP_KW,
+                      "--json", str(path)], cwd=tmp_path, env=env, capture_output=True, text=True,
                      timeout=120)
   assert r.returncode == 0, r.stderr
   assert "jaxmem lifetime report:" in r.stdout and "estimated peak:" in r.stdout
-  assert "[jaxmem] importing examples/mlp.py:build ..." in r.stderr
+  assert f"[jaxmem] importing {target} ..." in r.stderr
   assert "Traceback" not in r.stderr
   assert json.loads(path.read_text())["schema"] == SCHEMA_NAME
 
 
-def test_subprocess_bad_input_is_one_line():
-  r = subprocess.run([sys.executable, "-m", "jaxmem", "report", "examples/mlp.py:bild"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_subprocess_bad_input_is_one_line(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "jaxmem", "report",
+                      f"{ROOT / 'examples' / 'mlp.py'}:bild"],
+                     cwd=tmp_path, capture_output=True, text=True, timeout=120)
   assert r.returncode == 2
   assert "Traceback" not in r.stderr
   lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("[jaxmem]")]

@@ -54,7 +54,11 @@ def run_demo(batch_size: int = 8192, steps: int = 3, budget: float | int | str =
   print(jaxmem.analyze(step, *args).report(top=10))
   t0 = time.perf_counter()
   fitted = jaxmem.fit(budget, verbose=True)(step)
-  result = fitted.fit_result(*args)
+  try:
+    result = fitted.fit_result(*args)
+  except jaxmem.BudgetError as e:
+    print(f"\n{e}")
+    return 1
   print(f"\n{result.plan.summary()}\n")
   print(result.summary())
   print(f"\ntraining {steps} steps (fitted vs plain jax.jit):")

@@ -32,14 +32,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+
+
+def _installed_native() -> Any:
+  """The extension of an installed jaxmem, when this one is an unbuilt source tree.
+
+  ``python -m jaxmem demo`` run from a checkout puts the checkout first on
+  ``sys.path``; after ``pip install .`` the built extension lives in
+  site-packages, next to the installed copy of the package. Load it from there.
+  """
+  import importlib.machinery
+  import importlib.util
+  import pathlib
+  import sys
+
+  here = pathlib.Path(__file__).resolve().parent.parent
+  for entry in sys.path:
+    pkg = pathlib.Path(entry or ".").resolve() / "jaxmem"
+    if pkg == here or not pkg.is_dir():
+      continue
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+      path = pkg / f"_native{suffix}"
+      if path.exists():
+        spec = importlib.util.spec_from_file_location("jaxmem._native", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["jaxmem._native"] = module
+        return module
+  return None
+
+
 try:
   from jaxmem import _native
 except ImportError as e:  # pragma: no cover - depends on the build
-  raise ImportError(
-      "jaxmem's native extension (jaxmem._native) is not built or failed to "
-      "load; build it with `pip install .` (or `pip install "
-      "--no-build-isolation -e .` for development) from the jaxmem source "
-      f"tree. Original error: {e}") from e
+  _native = _installed_native()
+  if _native is None:
+    raise ImportError(
+        "jaxmem's native extension (jaxmem._native) is not built or failed to "
+        "load; build it with `pip install .` (or `pip install "
+        "--no-build-isolation -e .` for development) from the jaxmem source "
+        f"tree. Original error: {e}") from e
 
 __all__ = [
     "HANDLE_DTYPE",

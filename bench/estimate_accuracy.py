@@ -1,0 +1,65 @@
+"""Estimate vs compiled peak on the example models (issue 3: within ±15%).
+
+For each model: jaxmem's estimate (before compiling), the jaxpr-only estimate
+(every jaxpr value stored), the compiled peak of plain ``jax.jit``
+(``memory_analysis()``), and the relative error. Writes
+bench/results/estimate_accuracy.{json,md}.
+
+Run: ``python bench/estimate_accuracy.py``
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import jax
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import jaxmem  # noqa: E402
+
+MODELS = [
+    ("mlp 8x512, batch 8192", "mlp", dict(batch_size=8192)),
+    ("mlp 8x512, batch 2048", "mlp", dict(batch_size=2048)),
+    ("cnn max_pool, batch 64", "cnn", dict(batch_size=64)),
+    ("cnn max_pool, batch 128", "cnn", dict(batch_size=128)),
+    ("gpt 4x128, batch 16, seq 128", "transformer", dict(batch_size=16)),
+    ("gpt 4x128, batch 32, seq 128", "transformer", dict(batch_size=32)),
+]
+
+
+def main() -> None:
+  rows = []
+  for label, module, kw in MODELS:
+    print(f"[{label}] ...", file=sys.stderr, flush=True)
+    step, args = __import__(module).build(**kw)
+    t = time.perf_counter()
+    cmp = jaxmem.compare(step, *args, verbose=False)
+    rows.append(dict(model=label, estimate=cmp.estimated_peak_bytes, jaxpr_only=cmp.jaxpr_peak_bytes,
+                     compiled=cmp.compiled.peak_bytes, error=cmp.relative_error,
+                     jaxpr_only_error=cmp.jaxpr_peak_bytes / cmp.compiled.peak_bytes - 1,
+                     within=abs(cmp.relative_error) <= 0.15, seconds=time.perf_counter() - t,
+                     notes=list(cmp.notes)))
+  head = "| model | estimate MiB | compiled MiB | error | within ±15% | jaxpr-only MiB (error) |"
+  lines = [head, "|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['model']} | {r['estimate'] / 2**20:.1f} | {r['compiled'] / 2**20:.1f} | "
+                 f"{r['error']:+.1%} | {'yes' if r['within'] else 'NO'} | "
+                 f"{r['jaxpr_only'] / 2**20:.1f} ({r['jaxpr_only_error']:+.1%}) |")
+  table = "\n".join(lines)
+  print(table)
+  out = ROOT / "bench" / "results"
+  out.mkdir(parents=True, exist_ok=True)
+  meta = dict(jax=jax.__version__, backend=jax.default_backend(), date=time.strftime("%Y-%m-%d %H:%M"))
+  (out / "estimate_accuracy.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+  (out / "estimate_accuracy.md").write_text(
+      f"# Estimate vs compiled peak\n\n`python bench/estimate_accuracy.py` — {meta}\n\n{table}\n")
+  print(f"within ±15%: {sum(r['within'] for r in rows)}/{len(rows)}")
+
+
+if __name__ == "__main__":
+  main()

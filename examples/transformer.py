@@ -1,0 +1,71 @@
+"""A small GPT-style causal language model (flax linen) trained with optax adamw under a budget.
+
+Run: ``python examples/transformer.py [--batch 16] [--steps 3] [--budget 0.5]``
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from _common import run_example
+
+
+class DecoderBlock(nn.Module):
+  dim: int
+  heads: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+    h = nn.LayerNorm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, h, mask=mask)
+    h = nn.LayerNorm()(x)
+    return x + nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(h)))
+
+
+class GPT(nn.Module):
+  vocab: int = 256
+  dim: int = 128
+  heads: int = 4
+  layers: int = 4
+  max_len: int = 128
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    pos = jnp.arange(tokens.shape[1])
+    x = nn.Embed(self.vocab, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(pos)
+    for _ in range(self.layers):
+      x = DecoderBlock(self.dim, self.heads)(x)
+    return nn.Dense(self.vocab)(nn.LayerNorm()(x))
+
+
+def build(batch_size: int = 16, seq_len: int = 128, vocab: int = 256, dim: int = 128,
+          heads: int = 4, layers: int = 4, seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """A full adamw train step ``step(params, opt_state, tokens)`` (next-token loss) and its arguments."""
+  model = GPT(vocab, dim, heads, layers, seq_len)
+  tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch_size, seq_len + 1), 0, vocab)
+  params = model.init(jax.random.PRNGKey(seed + 1), tokens[:1, :-1])
+  tx = optax.adamw(1e-3, weight_decay=1e-2)
+  opt_state = tx.init(params)
+
+  def step(params, opt_state, tokens):
+    def loss_fn(p):
+      logits = model.apply(p, tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step, (params, opt_state, tokens)
+
+
+def main() -> None:
+  run_example(build, default_batch=16, doc=__doc__)
+
+
+if __name__ == "__main__":
+  main()
