@@ -28,6 +28,7 @@ MODELS = {
     "mlp-8x512-b8192": ("mlp", dict(batch_size=8192)),
     "cnn-maxpool-b64": ("cnn", dict(batch_size=64)),
     "cnn-maxpool-b128": ("cnn", dict(batch_size=128)),
+    "gpt-4x128-b32": ("transformer", dict(batch_size=32)),
 }
 BUDGETS = [0.9, 0.7, 0.5, 0.4, 0.3]
 
