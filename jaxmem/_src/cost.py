@@ -56,7 +56,7 @@ def _conv(eqn: Any) -> float:
   return 2.0 * _size(eqn.outvars[0].aval) * in_feat * spatial
 
 
-_OPAQUE = {"scan", "while", "cond", "checkpoint", "remat", "custom_lin", "shard_map"}
+_OPAQUE = {"scan", "while", "cond", "checkpoint", "remat", "remat2", "custom_lin", "shard_map"}
 # Primitives whose params hold a scalar combiner jaxpr, not a body to run: one
 # combiner application per output element (the default rule).
 _COMBINERS = {"scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min",

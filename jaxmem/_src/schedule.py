@@ -87,7 +87,6 @@ class Schedule:
     from jaxmem._src import xla_model
     prog = self.program
     model = prog.op_memory_model
-    const_like = prog.constant_like
     n = len(self.steps)
     nvals = len(self.value_var)
     start = [-1] * nvals
@@ -95,7 +94,7 @@ class Schedule:
     for vid in (*prog.invars, *prog.consts):
       start[vid] = 0
     kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
-    hoist: set[int] = set()
+    hoist = lifetimes.hoisted_constants(prog)
     for i, st in enumerate(self.steps):
       ins = [x for x in st.inputs if isinstance(x, int)]
       for x in ins:
@@ -106,9 +105,8 @@ class Schedule:
       t = h = 0
       if st.kind is StepKind.COMPUTE:
         kind, t, h, _ = model[st.op]
-        op_outs = prog.ops[st.op].outputs
-        if st.literal_dep is None and op_outs and const_like[op_outs[0]]:
-          hoist.update(st.outputs)
+        if st.literal_dep is not None:   # fenced literals: created where it stands
+          hoist.difference_update(st.outputs)
       else:
         kind = xla_model.Fusion.MATERIALIZED
       kinds.append(kind)

@@ -57,7 +57,7 @@ select_and_scatter_add select_and_gather_add reduce_window_max reduce_window_min
 reduce_window_sum reduce_window gather scatter scatter-add scatter_add scatter_mul
 scatter_min scatter_max dynamic_update_slice sort top_k cumlogsumexp fft
 triangular_solve cholesky lu qr eigh svd threefry2x32 random_bits random_seed random_wrap
-random_unwrap random_fold_in random_split rng_bit_generator rng_uniform checkpoint remat
+random_unwrap random_fold_in random_split rng_bit_generator rng_uniform checkpoint remat remat2
 custom_lin shard_map pure_callback io_callback debug_callback psum all_gather
 reduce_scatter ppermute all_to_all axis_index pmax pmin optimization_barrier
 sharding_constraint device_put mesh_cast reshard clz""".split()

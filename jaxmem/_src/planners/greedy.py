@@ -31,12 +31,13 @@ from jaxmem._src.schedule import build_schedule
 from jaxmem._src.trace import Role
 
 # Primitives never re-executed by a remat: effects, opaque blocks, our own ops.
-_NO_REMAT = {"scan", "while", "cond", "checkpoint", "remat", "ffi_call", "custom_call",
+_NO_REMAT = {"scan", "while", "cond", "checkpoint", "remat", "remat2", "ffi_call", "custom_call",
              "pure_callback", "io_callback", "debug_callback", "shard_map", "rng_uniform",
              "random_seed", "random_bits", "random_wrap", "random_unwrap"}
 # Results XLA always materializes (never duplicated into consumers by fusion).
 _MATERIALIZED = {"dot_general", "conv_general_dilated", "ffi_call", "custom_call", "scan",
-                 "while", "cond", "reduce_window_max", "reduce_window_sum", "reduce_window"}
+                 "while", "cond", "checkpoint", "remat2", "reduce_window_max",
+                 "reduce_window_sum", "reduce_window"}
 _CANDIDATE_ROLES = {Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT}
 
 
