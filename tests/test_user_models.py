@@ -185,3 +185,40 @@ def test_batchnorm_cnn_needs_the_compiler_fallback():
   same_options = jax.jit(step, compiler_options=res.compiler_options)
   close(fitted(*args), same_options(*args), rtol=1e-5, atol=1e-7)
   close(fitted(*args), jax.jit(step)(*args), rtol=1e-5, atol=1e-7)
+
+
+def test_flax_nnx_split_merge_step():
+  """A flax nnx model in the functional split/merge style, with optax adam."""
+  from flax import nnx
+
+  class NnxMLP(nnx.Module):
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(128, 512, rngs=rngs)
+      self.l2 = nnx.Linear(512, 512, rngs=rngs)
+      self.l3 = nnx.Linear(512, 512, rngs=rngs)
+      self.out = nnx.Linear(512, 10, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(nnx.relu(self.l3(nnx.relu(self.l2(nnx.relu(self.l1(x)))))))
+
+  graphdef, params = nnx.split(NnxMLP(nnx.Rngs(0)), nnx.Param)
+  tx = optax.adam(1e-3)
+  x = jax.random.normal(jax.random.PRNGKey(1), (4096, 128))
+  y = jnp.arange(4096) % 10
+
+  def step(params, opt_state, x, y):
+    def loss_fn(p):
+      logits = nnx.merge(graphdef, p)(x)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  args = (params, tx.init(params), x, y)
+  prog = jaxmem.analyze(step, *args)
+  roles = {v.role for v in prog.vars}
+  assert {jaxmem.Role.PARAMETER, jaxmem.Role.OPTIMIZER_STATE, jaxmem.Role.ACTIVATION} <= roles
+  fitted = jaxmem.fit(0.75)(step)
+  res = fitted.fit_result(*args)
+  assert res.peak_bytes <= res.budget_bytes
+  close(fitted(*args), jax.jit(step)(*args))
