@@ -286,14 +286,13 @@ class Fitted:
   @staticmethod
   def _planned_jit(program: Program, plan: Plan, donate: tuple[int, ...],
                    compiler_options: dict[str, Any] | None = None) -> Any:
+    """``jax.jit`` of the rewritten step, taking the same (dynamic) arguments as the original."""
     run = rewrite.schedule_function(plan.schedule())
-    in_tree, out_tree = program.in_tree, program.out_tree
+    out_tree = program.out_tree
 
     def planned(*dyn: Any) -> Any:
-      leaves = jax.tree_util.tree_leaves(dyn)
-      return jax.tree_util.tree_unflatten(out_tree, run(*leaves))
+      return jax.tree_util.tree_unflatten(out_tree, run(*jax.tree_util.tree_leaves(dyn)))
 
-    del in_tree
     return jax.jit(planned, donate_argnums=donate, compiler_options=compiler_options or None)
 
 

@@ -224,6 +224,10 @@ class Program:
     outvars: ids (or ``Literal``) of the flat results.
     consts: constant values by id.
     donated: ids of donated arguments (their buffers may be reused).
+
+  ``closed_jaxpr`` (optional) is the flat jaxpr of ``fun`` traced already, so
+  that tracing can be timed apart from the analysis (``bench/analyze_speed.py``);
+  ``out_tree`` is then unknown (``None``) and the program cannot be rewritten.
   """
 
   def __init__(self, fun: Callable[..., Any], args: Sequence[Any], *,
