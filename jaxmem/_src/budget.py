@@ -58,8 +58,8 @@ def parse_budget(budget: Budget, *, argname: str = "budget") -> BudgetSpec:
     >>> parse_budget(0.5).fraction
     0.5
   """
-  hint = (f"Use int bytes (e.g. 2**30), a string with a unit (e.g. \"12GiB\", \"800MB\"), "
-          f"or a float in (0, 1] for a fraction of the unplanned peak (e.g. 0.5).")
+  hint = ("Use int bytes (e.g. 2**30), a string with a unit (e.g. \"12GiB\", \"800MB\"), "
+          "or a float in (0, 1] for a fraction of the unplanned peak (e.g. 0.5).")
   if isinstance(budget, bool) or budget is None:
     raise TypeError(f"`{argname}` must be a budget, got {budget!r}. {hint}")
   if isinstance(budget, numbers.Integral):

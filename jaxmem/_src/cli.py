@@ -230,7 +230,7 @@ def call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any],
       raise
     raise _user_code_error(f"calling {call}", e) from None
   what = ("FACTORY must return a 2-tuple (step, args): a callable step and a tuple/list of "
-          f"its positional arguments, e.g. `return step, (params, opt_state, batch)`")
+          "its positional arguments, e.g. `return step, (params, opt_state, batch)`")
   if not isinstance(out, (tuple, list)) or len(out) != 2:
     got = (f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list))
            else f"a {type(out).__name__}")

@@ -83,15 +83,13 @@ def hoisted_constants(program) -> set[int]:  # noqa: ANN001
 
 def program_profile(program) -> Profile:  # noqa: ANN001 (Program, avoids import cycle)
   """Estimated profile of an unplanned :class:`~jaxmem._src.trace.Program` (XLA model applied)."""
-  from jaxmem._src import xla_model
   n = program.num_ops
   kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
-  for op in program.ops:
-    kinds.append(xla_model.fusion_kind(op.primitive))
+  for op, (kind, t, h) in zip(program.ops, program.op_memory_model(planned=False)):
+    kinds.append(kind)
     inputs.append(op.input_ids())
     outputs.append(list(op.outputs))
-    t, h = xla_model.hidden_bytes(op.eqn, program.backend)
-    transient.append(op.transient_bytes + t)
+    transient.append(t)
     hoisted.append(h)
   starts, ends, sizes = [], [], []
   for v in program.vars:

@@ -21,7 +21,8 @@ from jaxmem._src import lifetimes
 from jaxmem._src.plan import Action, Decision
 
 HANDLE_BYTES = 8
-# Constant-like values at least this large are kept from merging across phases.
+# Ops computed from literals only that are at least this large get their
+# literals fenced (see Step.literal_dep): XLA would hoist or CSE them.
 DECORRELATE_MIN_BYTES = 64 * 1024
 
 
@@ -86,7 +87,7 @@ class Schedule:
     """
     from jaxmem._src import xla_model
     prog = self.program
-    model = prog.op_memory_model
+    model = prog.op_memory_model(planned=True)
     n = len(self.steps)
     nvals = len(self.value_var)
     start = [-1] * nvals
@@ -104,7 +105,7 @@ class Schedule:
         end[o] = max(end[o], i)
       t = h = 0
       if st.kind is StepKind.COMPUTE:
-        kind, t, h, _ = model[st.op]
+        kind, t, h = model[st.op]
         if st.literal_dep is not None:   # fenced literals: created where it stands
           hoist.difference_update(st.outputs)
       else:

@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

@@ -353,21 +353,24 @@ class Program:
 
   # -- queries --------------------------------------------------------------
 
-  @functools.cached_property
-  def op_memory_model(self) -> tuple[tuple[Any, int, int, bool], ...]:
-    """Per op: ``(fusion kind, transient, hoisted, substituted)`` under the XLA model.
+  def op_memory_model(self, planned: bool) -> tuple[tuple[Any, int, int], ...]:
+    """Per op: ``(fusion kind, transient bytes, hoisted bytes)`` under the XLA model.
 
-    For ops a lowering substitution replaces, kind and bytes describe the
-    substitute (used by planned schedules, which apply substitutions).
+    ``planned``: describe the op as a planned schedule runs it, i.e. by its
+    lowering substitution where one applies; otherwise as plain ``jax.jit``
+    compiles it. Cached per flag.
     """
-    from jaxmem._src import substitutions, xla_model
-    out = []
-    for op in self.ops:
-      subst = substitutions.applies(op.eqn)
-      kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
-      t, h = xla_model.hidden_bytes(op.eqn, self.backend, substituted=subst)
-      out.append((kind, t + op.transient_bytes, h, subst))
-    return tuple(out)
+    cache = self.__dict__.setdefault("_op_memory_model", {})
+    if planned not in cache:
+      from jaxmem._src import substitutions, xla_model
+      out = []
+      for op in self.ops:
+        subst = planned and substitutions.applies(op.eqn)
+        kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
+        t, h = xla_model.hidden_bytes(op.eqn, self.backend, substituted=subst)
+        out.append((kind, t + op.transient_bytes, h))
+      cache[planned] = tuple(out)
+    return cache[planned]
 
   @property
   def num_ops(self) -> int:
