@@ -1,4 +1,4 @@
-"""Estimate vs compiled peak on the example models (issue 3: within ±15%).
+"""Estimate vs compiled peak on the example models and user-style steps (issue 3: within ±15%).
 
 For each model: jaxmem's estimate (before compiling), the jaxpr-only estimate
 (every jaxpr value stored), the compiled peak of plain ``jax.jit``
@@ -22,21 +22,29 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests"))
+
+# (label, module, factory, kwargs): the examples, then the user-style steps of
+# tests/test_user_models.py (written without jaxmem in mind).
 MODELS = [
-    ("mlp 8x512, batch 8192", "mlp", dict(batch_size=8192)),
-    ("mlp 8x512, batch 2048", "mlp", dict(batch_size=2048)),
-    ("cnn max_pool, batch 64", "cnn", dict(batch_size=64)),
-    ("cnn max_pool, batch 128", "cnn", dict(batch_size=128)),
-    ("gpt 4x128, batch 16, seq 128", "transformer", dict(batch_size=16)),
-    ("gpt 4x128, batch 32, seq 128", "transformer", dict(batch_size=32)),
+    ("mlp 8x512, batch 8192", "mlp", "build", dict(batch_size=8192)),
+    ("mlp 8x512, batch 2048", "mlp", "build", dict(batch_size=2048)),
+    ("cnn max_pool, batch 64", "cnn", "build", dict(batch_size=64)),
+    ("cnn max_pool, batch 128", "cnn", "build", dict(batch_size=128)),
+    ("gpt 4x128, batch 16, seq 128", "transformer", "build", dict(batch_size=16)),
+    ("gpt 4x128, batch 32, seq 128", "transformer", "build", dict(batch_size=32)),
+    ("user: TrainState ResMLP", "test_user_models", "make_trainstate", {}),
+    ("user: transformer encoder, adamw", "test_user_models", "make_transformer", {}),
+    ("user: BatchNorm CNN, avg_pool", "test_user_models", "make_bn_cnn", {}),
+    ("user: flax nnx MLP", "test_user_models", "make_nnx_mlp", {}),
 ]
 
 
 def main() -> None:
   rows = []
-  for label, module, kw in MODELS:
+  for label, module, factory, kw in MODELS:
     print(f"[{label}] ...", file=sys.stderr, flush=True)
-    step, args = __import__(module).build(**kw)
+    step, args = getattr(__import__(module), factory)(**kw)
     t = time.perf_counter()
     cmp = jaxmem.compare(step, *args, verbose=False)
     rows.append(dict(model=label, estimate=cmp.estimated_peak_bytes, jaxpr_only=cmp.jaxpr_peak_bytes,

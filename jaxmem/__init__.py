@@ -11,6 +11,7 @@ Trace -> lifetimes -> plan -> rewrite -> verify:
 """
 
 from jaxmem._src import native
+from jaxmem._src.blocks import Block
 from jaxmem._src.budget import BudgetSpec, parse_budget
 from jaxmem._src.compare import Comparison, compare
 from jaxmem._src.cost import DeviceProfile, device_profile
@@ -45,7 +46,7 @@ def plan(fun, *args, budget, planner="auto", device=None):  # noqa: ANN001, ANN2
 
 
 __all__ = [
-    "Action", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory", "Decision",
+    "Action", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory", "Decision",
     "DeviceProfile", "compare",
     "FitResult", "Fitted", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile", "Program",
     "Role", "Schedule", "VarInfo", "analyze", "compiled_memory", "device_profile", "fit",

@@ -7,7 +7,8 @@ import pytest
 import jaxmem
 
 
-@pytest.mark.parametrize("name,kw", [("mlp", dict(batch_size=2048)), ("cnn", dict(batch_size=32))])
+@pytest.mark.parametrize("name,kw", [("mlp", dict(batch_size=2048)), ("cnn", dict(batch_size=32)),
+                                     ("transformer", dict(batch_size=8, layers=2))])
 def test_estimate_within_15_percent_of_compiled(name, kw, capsys):
   step, args = __import__(name).build(**kw)
   cmp = jaxmem.compare(step, *args)

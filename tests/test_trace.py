@@ -137,3 +137,46 @@ def test_estimate_tracks_compiled_peak_for_mlp(mlp_small):
   est = jaxmem.analyze(step, *args).peak_bytes
   compiled = jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
   assert 0.5 * compiled <= est <= 1.5 * compiled
+
+
+def test_flax_nnx_modules_and_params_are_attributed():
+  """nnx pushes no name stack: module paths come from the `__call__` frames, and
+  `nnx.Param` leaves are parameters whatever the argument is called."""
+  from flax import nnx
+
+  class Block(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(64, 64, rngs=rngs)
+      self.bn = nnx.BatchNorm(64, rngs=rngs)
+
+    def __call__(self, x):
+      return nnx.relu(self.bn(self.lin(x)))
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.blocks = nnx.List([Block(rngs) for _ in range(2)])
+      self.head = nnx.Linear(64, 10, rngs=rngs)
+
+    def __call__(self, x):
+      for b in self.blocks:
+        x = b(x)
+      return self.head(x)
+
+  graphdef, state = nnx.split(Net(nnx.Rngs(0)))
+
+  def loss(s, x):
+    return nnx.merge(graphdef, s)(x).sum()
+
+  prog = jaxmem.analyze(jax.grad(loss), state, jnp.ones((32, 64)))
+  by_name = {v.name: v.role for v in prog.vars if v.is_input}
+  assert by_name["s['blocks'][0]['lin']['kernel']"] is jaxmem.Role.PARAMETER
+  assert by_name["s['blocks'][1]['bn']['scale']"] is jaxmem.Role.PARAMETER
+  assert by_name["s['blocks'][0]['bn']['mean']"] is jaxmem.Role.INPUT   # a BatchStat
+  modules = {op.module_path for op in prog.ops}
+  assert {"Net/Block/Linear", "Net/Block/BatchNorm", "Net/Linear"} <= modules
+  dots = [op for op in prog.ops if op.primitive == "dot_general" and op.phase.value == "forward"]
+  assert dots and all(op.module_path.endswith("Linear") for op in dots)
+  # relu's custom_jvp body has no frames of its own: it takes the calling module.
+  # Only the loss's own `.sum()` is outside every module.
+  outside = {op.primitive for op in prog.ops if op.phase.value == "forward" and not op.module_path}
+  assert outside == {"reduce_sum"}

@@ -115,6 +115,30 @@ def _user_frame(traceback: Any) -> tuple[str, int, str] | None:
   return first.file_name, first.start_line, first.function_name
 
 
+def class_path(eqn: JaxprEqn) -> str:
+  """``'Net/Block/Linear'``: the ``__call__`` methods on ``eqn``'s call stack, outermost first.
+
+  flax linen pushes its module path on JAX's name stack; flax nnx and
+  equinox modules are plain Python objects and push nothing. Their calls
+  still show in the traceback as ``Class.__call__`` frames (Python 3.11
+  qualified names), which name the module classes the op was made in.
+  """
+  return _class_path(eqn.source_info.traceback)
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_path(traceback: Any) -> str:
+  if traceback is None:
+    return ""
+  names = []
+  for frame in _siu.user_frames(traceback):
+    parts = frame.function_name.split(".")
+    # 'Block.__call__', or 'test.<locals>.Block.__call__' for a class made in a function
+    if len(parts) >= 2 and parts[-1] == "__call__" and parts[-2].isidentifier():
+      names.append(parts[-2])
+  return "/".join(reversed(names))
+
+
 @contextlib.contextmanager
 def eqn_context(eqn: JaxprEqn, name_stack: Any = None) -> Iterator[None]:
   """Source info of ``eqn`` for ops bound in its place."""
@@ -147,3 +171,200 @@ def is_plain_array_aval(aval: Any) -> bool:
   if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
     return False
   return isinstance(aval, _core.ShapedArray)
+
+
+# -- control-flow parameters (jaxmem/_src/blocks.py) -------------------------
+
+
+def _open(j: Any) -> Jaxpr:
+  return j.jaxpr if isinstance(j, ClosedJaxpr) else j
+
+
+def scan_params(eqn: JaxprEqn) -> tuple[Jaxpr, int, int, int, bool]:
+  """``(body, num_consts, num_carry, length, reverse)`` of a ``scan`` equation.
+
+  The body's inputs are ``consts + carry + one slice of each xs``, its outputs
+  ``new carry + one slice of each ys``.
+  """
+  p = eqn.params
+  return (_open(p["jaxpr"]), int(p["num_consts"]), int(p["num_carry"]), int(p["length"]),
+          bool(p.get("reverse", False)))
+
+
+def cond_branches(eqn: JaxprEqn) -> list[Jaxpr]:
+  """The branches of a ``cond`` equation, by index (``lax.cond``: false, then true)."""
+  return [_open(b) for b in eqn.params["branches"]]
+
+
+def while_params(eqn: JaxprEqn) -> tuple[Jaxpr, Jaxpr, int, int]:
+  """``(cond, body, cond_nconsts, body_nconsts)`` of a ``while`` equation."""
+  p = eqn.params
+  return (_open(p["cond_jaxpr"]), _open(p["body_jaxpr"]), int(p["cond_nconsts"]),
+          int(p["body_nconsts"]))
+
+
+def atom_nbytes(atom: Any) -> int:
+  """Bytes of a variable or literal operand (see :func:`aval_nbytes`)."""
+  return aval_nbytes(getattr(atom, "aval", None))
+
+
+# -- shardings (jaxmem/_src/sharding.py) ------------------------------------
+
+
+def sharding_of(x: Any) -> Any | None:
+  """The ``jax.sharding.Sharding`` of a concrete argument, else None.
+
+  ``jax.Array`` and ``jax.ShapeDtypeStruct(..., sharding=...)`` carry one;
+  numpy arrays and Python scalars do not (they are placed whole on a device).
+  """
+  s = getattr(x, "sharding", None)
+  return s if isinstance(s, jax.sharding.Sharding) else None
+
+
+def sharding_num_devices(sharding: Any) -> int:
+  """How many devices ``sharding`` spreads over (1 for a single device)."""
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is not None:         # NamedSharding, also over an abstract mesh
+    return max(1, int(mesh.size))
+  try:
+    return max(1, len(sharding.device_set))
+  except Exception:  # noqa: BLE001 (a sharding type without devices: count it as one)
+    return 1
+
+
+def sharding_shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+  """Shape of one device's shard of a ``shape`` array under ``sharding`` (None if unknown)."""
+  if not isinstance(sharding, jax.sharding.Sharding):
+    return None            # a Device or None (``device_put`` to one device, or "keep")
+  try:
+    return tuple(int(d) for d in sharding.shard_shape(tuple(shape)))
+  except Exception:  # noqa: BLE001 (e.g. a rank mismatch: treat as unknown)
+    return None
+
+
+def spec_shard_counts(spec: Any, mesh: Any, ndim: int,
+                      only_axes: frozenset[str] | None = None) -> tuple[int, ...]:
+  """Per-dimension shard counts of a ``PartitionSpec`` over ``mesh``.
+
+  ``only_axes``: count only these mesh axes (the Explicit ones of an aval's
+  mesh); others, and ``P.UNCONSTRAINED``, count as unsharded.
+  """
+  sizes = dict(mesh.shape)
+  counts = [1] * ndim
+  for d, entry in enumerate(tuple(spec)[:ndim]):
+    if entry is None or entry is jax.sharding.PartitionSpec.UNCONSTRAINED:
+      continue
+    for name in (entry if isinstance(entry, tuple) else (entry,)):
+      if isinstance(name, str) and (only_axes is None or name in only_axes):
+        counts[d] *= int(sizes.get(name, 1))
+  return tuple(counts)
+
+
+@functools.lru_cache(maxsize=256)
+def _explicit_axes(mesh: Any) -> frozenset[str]:
+  types = getattr(mesh, "axis_types", ())
+  return frozenset(n for n, t in zip(mesh.axis_names, types) if t == jax.sharding.AxisType.Explicit)
+
+
+def aval_mesh_size(aval: Any) -> int:
+  """Devices of the mesh an aval is typed over (0 or 1: none recorded)."""
+  mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+  return 0 if mesh is None or mesh.empty else int(mesh.size)
+
+
+def aval_explicit_counts(aval: Any) -> tuple[int, ...] | None:
+  """Shard counts JAX records in an aval's type, under explicit sharding.
+
+  Only mesh axes of type ``Explicit`` are part of the type (``f32[16@data]``);
+  under ``Auto`` axes the aval's spec is always unsharded and says nothing,
+  so this returns None and the caller propagates instead.
+  """
+  s = getattr(aval, "sharding", None)
+  mesh = getattr(s, "mesh", None)
+  if mesh is None or mesh.empty or not hasattr(aval, "shape"):
+    return None
+  explicit = _explicit_axes(mesh)
+  if not explicit:
+    return None
+  return spec_shard_counts(s.spec, mesh, len(aval.shape), explicit)
+
+
+def sharding_params(eqn: JaxprEqn) -> list[Any] | None:
+  """Target shardings of a sharding op, one per output (None: not such an op).
+
+  ``sharding_constraint`` (``sharding``), ``reshard`` / ``mesh_cast``
+  (``dst_sharding``) and ``device_put`` (``devices``: a Sharding, a Device or
+  None per operand).
+  """
+  p = eqn.params
+  name = eqn.primitive.name
+  if name == "sharding_constraint" and "sharding" in p:
+    return [p["sharding"]] * len(eqn.outvars)
+  if name in ("reshard", "mesh_cast") and "dst_sharding" in p:
+    return [p["dst_sharding"]] * len(eqn.outvars)
+  if name == "device_put" and "devices" in p:
+    return list(p["devices"])
+  return None
+
+
+def unconstrained_dims(eqn: JaxprEqn) -> frozenset[int]:
+  """Dimensions a ``sharding_constraint`` leaves to the partitioner."""
+  return frozenset(eqn.params.get("unconstrained_dims", ()) or ())
+
+
+def shard_map_mesh(eqn: JaxprEqn) -> Any | None:
+  """The mesh of a ``shard_map`` equation (None for other primitives)."""
+  if eqn.primitive.name != "shard_map":
+    return None
+  return eqn.params.get("mesh")
+
+
+def shard_map_out_counts(eqn: JaxprEqn) -> list[tuple[int, ...]] | None:
+  """Per output of a ``shard_map``: shard counts from ``out_specs`` over its mesh.
+
+  The global result is the concatenation of the per-device blocks along the
+  spec's mesh axes, so each device holds ``global / counts``.
+  """
+  mesh = shard_map_mesh(eqn)
+  specs = eqn.params.get("out_specs") if mesh is not None else None
+  if specs is None:
+    return None
+  return [spec_shard_counts(spec, mesh, len(getattr(v.aval, "shape", ())))
+          for spec, v in zip(specs, eqn.outvars)]
+
+
+def mesh_size(mesh: Any) -> int:
+  return int(getattr(mesh, "size", 1) or 1)
+
+
+def remat_body(eqn: JaxprEqn) -> Jaxpr | None:
+  """The body of a ``checkpoint`` (remat) equation, whose invars are its operands."""
+  if eqn.primitive.name not in ("checkpoint", "remat", "remat2"):
+    return None
+  body = eqn.params.get("jaxpr")
+  if isinstance(body, ClosedJaxpr):
+    body = body.jaxpr
+  return body if isinstance(body, Jaxpr) and not body.constvars else None
+
+
+def loop_carry_sources(eqn: JaxprEqn) -> list[int] | None:
+  """Per output of a ``scan`` / ``while``: the operand index carried into it (-1: none).
+
+  A loop carry keeps its shape, and the partitioner keeps its sharding across
+  iterations. ``scan``'s stacked outputs (``ys``) map to no operand.
+  """
+  p = eqn.params
+  name = eqn.primitive.name
+  if name == "while":
+    first = int(p.get("cond_nconsts", 0)) + int(p.get("body_nconsts", 0))
+    return [first + i for i in range(len(eqn.outvars))]
+  if name == "scan":
+    first, ncarry = int(p.get("num_consts", 0)), int(p.get("num_carry", 0))
+    return [first + i if i < ncarry else -1 for i in range(len(eqn.outvars))]
+  return None
+
+
+def is_device(x: Any) -> bool:
+  """True for a ``jax.Device`` (a ``device_put`` target that is one whole device)."""
+  return isinstance(x, jax.Device)
+

@@ -102,10 +102,28 @@ def _explain(program: Program, prof: lifetimes.Profile, raw_peak: int) -> list[s
                     "mask is recomputed in the backward pass from its float input)"))
   hidden = prof.peak_bytes - sum(prof.holder_bytes)
   if hidden > 0:
+    model = program.op_memory_model(planned=False)
+    peak = prof.peak_index
+    span: dict[tuple[int, int], list[int]] = {}
+    for op, (_, _, _, shared) in zip(program.ops, model):
+      for pos, b in shared:
+        span.setdefault((op.inputs[pos], b), [op.index, op.index])[1] = op.index
+    stored = [b for (_, b), (s, e) in span.items() if s < e and s <= peak <= e]
+    if stored:
+      notes.append((sum(stored), f"{format_bytes(sum(stored))} in {len(stored)} full-size "
+                    "broadcasts read by both the forward and the backward pass (e.g. softmax "
+                    "denominators, LayerNorm scales): XLA:CPU stores one copy for its YNNPACK "
+                    "fusions"))
+    hoisted = sum(h for op, (_, _, h, _) in zip(program.ops, model) if op.index >= peak and h)
     kinds = sorted({op.primitive for op in program.ops
                     if any(xla_model.hidden_bytes(op.eqn, program.backend))})
-    notes.append((hidden, f"{format_bytes(hidden)} of XLA temporaries at the peak that are not "
-                  f"jaxpr values (layout copies and expansions of: {', '.join(kinds)})"))
+    rest = hidden - sum(stored)
+    if rest > prof.peak_bytes // 200:
+      start = (f"; {format_bytes(hoisted)} of it built at the program start (index arrays, "
+               "constant broadcasts for YNNPACK avg_pool fusions)" if hoisted else "")
+      notes.append((rest, f"{format_bytes(rest)} of other XLA temporaries at the peak that are not "
+                    f"jaxpr values (layout copies and expansions of: {', '.join(kinds) or '-'}; "
+                    f"the working set inside control-flow blocks{start})"))
   if raw_peak != prof.peak_bytes:
     notes.append((0, f"net effect of the XLA model on the peak: "
                   f"{format_bytes(prof.peak_bytes - raw_peak)}"))

@@ -262,6 +262,47 @@ def _chart(program: Any, budget_bytes: int | None, plan: Any, chart: str) -> str
           + _legend(program, budget_bytes, plan))
 
 
+# -- control-flow blocks ----------------------------------------------------
+
+def _bytes_td(n: int | None) -> str:
+  return _td("" if n is None else format_bytes(n), "num", -1 if n is None else n)
+
+
+def _blocks_section(program: Any) -> str:
+  """Table of the scan/while/cond/checkpoint blocks; empty without any."""
+  rows_b = [b for top in program.blocks for b in top.walk()]
+  if not rows_b:
+    return ""
+  rows = []
+  for b in rows_b:
+    # Nested blocks follow their parent (the table is not sortable, to keep the tree).
+    name = "&nbsp;&nbsp;" * b.depth + ("↳ " if b.depth else "") + _e(b.primitive)
+    if b.branch_peaks is not None:
+      other = "branches " + " / ".join(format_bytes(x) for x in b.branch_peaks)
+    elif b.cond_peak_bytes is not None:
+      other = f"cond {format_bytes(b.cond_peak_bytes)}, body {format_bytes(b.body_peak_bytes)}"
+    else:
+      other = ""
+    rows.append("<tr>" + _td(b.op_index, "num", b.op_index) + _td(name, "mono", raw=True)
+                + _td(b.region) + _bytes_td(b.inner_peak_bytes)
+                + _td("" if b.length is None else b.length, "num")
+                + _bytes_td(b.per_iteration_bytes) + _bytes_td(b.carry_bytes)
+                + _bytes_td(b.stacked_output_bytes) + _bytes_td(b.xs_bytes) + _td(other)
+                + _td(b.source, "src") + _td(b.module, "src") + "</tr>")
+  return ("<h2>Control-flow blocks</h2>"
+          '<p class="note">Ops that keep a body of their own (<code>scan</code>, '
+          "<code>while</code>, <code>cond</code>, <code>remat2</code> = "
+          "<code>jax.checkpoint</code>). inner peak: working set inside beyond the op's operands "
+          "and results, charged to the op on the chart. per iteration: live bytes during one "
+          "iteration of the body, its inputs (carry, one slice of each xs) and outputs "
+          "included. stacked outputs / xs: the scan's stacked results and operands over all "
+          "iterations. Nested blocks follow their parent, marked ↳.</p>"
+          + _table([("op", "num"), ("block", ""), ("in", ""), ("inner peak", "num"),
+                    ("length", "num"), ("per iteration", "num"), ("carry", "num"),
+                    ("stacked outputs", "num"), ("xs", "num"), ("branches / cond, body", ""),
+                    ("source", ""), ("module", "")], rows, sortable=False))
+
+
 # -- the page ---------------------------------------------------------------
 
 def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
@@ -320,7 +361,7 @@ def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
   parts.append('<p class="note">jaxmem\'s estimate: a value is live from the op that makes it '
                "through its last use (arguments and results for the whole step); values XLA fuses "
                "away store nothing and keep their inputs alive instead; XLA's own temporaries "
-               "(layout copies, expansions) are added. The compiled program is the truth: "
+               "(layout copies, stored broadcasts, expansions) are added. The compiled program is the truth: "
                "<code>jaxmem.fit</code> verifies it against <code>memory_analysis()</code>.</p>")
 
   # By role.
@@ -384,6 +425,10 @@ def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
                "the value (frames inside installed libraries are skipped).</p>")
   parts.append(_table([("#", "num"), ("bytes", "num"), ("% of peak", "num"), ("type", ""),
                        ("role", ""), ("live", ""), ("source", ""), ("name", "")], rows))
+
+  blocks_html = _blocks_section(program)
+  if blocks_html:
+    parts.append(blocks_html)
 
   # Plan decisions.
   if plan is not None:

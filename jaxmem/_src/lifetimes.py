@@ -84,13 +84,14 @@ def hoisted_constants(program) -> set[int]:  # noqa: ANN001
 def program_profile(program) -> Profile:  # noqa: ANN001 (Program, avoids import cycle)
   """Estimated profile of an unplanned :class:`~jaxmem._src.trace.Program` (XLA model applied)."""
   n = program.num_ops
-  kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
-  for op, (kind, t, h) in zip(program.ops, program.op_memory_model(planned=False)):
+  kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
+  for op, (kind, t, h, sh) in zip(program.ops, program.op_memory_model(planned=False)):
     kinds.append(kind)
     inputs.append(op.input_ids())
     outputs.append(list(op.outputs))
     transient.append(t)
     hoisted.append(h)
+    shared.append([(op.inputs[pos], b) for pos, b in sh])
   starts, ends, sizes = [], [], []
   for v in program.vars:
     s, e = program.interval(v.id)
@@ -100,7 +101,7 @@ def program_profile(program) -> Profile:  # noqa: ANN001 (Program, avoids import
   materialized = {v.id for v in program.vars if v.is_input or v.is_output}
   hoist = hoisted_constants(program)
   flow = Flow(n, kinds, inputs, outputs, transient, hoisted, starts, ends, sizes, materialized,
-              hoist)
+              hoist, shared)
   return estimate(flow)[0]
 
 
@@ -121,6 +122,10 @@ class Flow:
     nbytes: per value, its size.
     materialized: values XLA must store (step results, arguments).
     hoist_to_start: values XLA computes at the program start.
+    shared_reads: per step, ``(value id, bytes)`` of full-size broadcasts of
+      its operands that XLA stores (see
+      :func:`~jaxmem._src.xla_model.shared_broadcasts`); each pair is live
+      from its first reading step to its last.
   """
   num_steps: int
   step_kind: list[Any]
@@ -133,6 +138,7 @@ class Flow:
   nbytes: list[int]
   materialized: set[int]
   hoist_to_start: set[int]
+  shared_reads: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
 
 
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
@@ -184,6 +190,15 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       starts.append(0)
       ends.append(s)
       sizes.append(h)
+  span: dict[tuple[int, int], list[int]] = {}
+  for s, reads in enumerate(flow.shared_reads):
+    for key in reads:
+      span.setdefault(key, [s, s])[1] = s
+  for (_, nbytes), (first, last) in span.items():
+    if last > first:           # one reader: fused into it, nothing stored
+      starts.append(first)
+      ends.append(last)
+      sizes.append(nbytes)
   transient = list(flow.transient) + [0]
   prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]

@@ -87,7 +87,7 @@ def role_stacks(program: Any) -> np.ndarray:
   Rows follow :data:`ROLES`, using the profile's estimated intervals (a value
   XLA fuses away stores nothing; its inputs live until its last use). The last
   row holds what the estimate counts that is not a jaxpr value: XLA's own
-  temporaries (layout copies, expansions) and opaque blocks' inner working
+  temporaries (layout copies, stored broadcasts, expansions) and opaque blocks' inner working
   sets. Columns sum to ``program.profile.live_bytes``.
   """
   prof = program.profile

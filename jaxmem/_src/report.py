@@ -51,7 +51,7 @@ def program_report(program: Any, top: int = 15) -> str:
   hidden = prof.peak_bytes - sum(prof.holder_bytes)
   if hidden > 0:
     lines.append(f"  {'XLA temporaries':16} {format_bytes(hidden):>12}  {hidden / max(1, prof.peak_bytes):6.1%}"
-                 "  (layout copies, expansions: not jaxpr values)")
+                 "  (layout copies, stored broadcasts, expansions: not jaxpr values)")
   lines.append(f"top {min(top, len(prof.holders))} buffers at the peak "
                "(live: op positions; * = kept for a use XLA fuses into a later op):")
   lines.append(f"  {'bytes':>11}  {'type':24} {'role':15} {'live':>12}  source / name")
@@ -60,7 +60,56 @@ def program_report(program: Any, top: int = 15) -> str:
     where = v.name if v.is_input else f"{v.source}  {v.name}"
     lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} {v.role.value:15} "
                  f"{_interval(program, vid):>12}  {where}")
+  lines += blocks_report(program)
   return "\n".join(lines)
+
+
+def block_details(block: Any) -> str:
+  """One line of what is inside a block: loop sizes, branch peaks."""
+  if block.primitive == "scan":
+    parts = [f"{block.length} × {format_bytes(block.per_iteration_bytes)}/iteration",
+             f"carry {format_bytes(block.carry_bytes)}",
+             f"stacked outputs {format_bytes(block.stacked_output_bytes)}",
+             f"xs {format_bytes(block.xs_bytes)}"]
+    if block.consts_bytes:
+      parts.append(f"consts {format_bytes(block.consts_bytes)}")
+    if block.reverse:
+      parts.append("reverse")
+    return ", ".join(parts)
+  if block.primitive == "while":
+    return (f"{format_bytes(block.per_iteration_bytes)}/iteration, "
+            f"carry {format_bytes(block.carry_bytes)}, cond {format_bytes(block.cond_peak_bytes)}, "
+            f"body {format_bytes(block.body_peak_bytes)}")
+  if block.branch_peaks is not None:
+    return "branches " + " / ".join(format_bytes(b) for b in block.branch_peaks)
+  return ""
+
+
+def blocks_report(program: Any, limit: int = 25) -> list[str]:
+  """Lines of the control-flow blocks section; none when the program has no block.
+
+  Nested blocks follow their parent, indented; at most ``limit`` rows (a
+  program of many small ``cond``s would otherwise drown the report).
+  """
+  rows = [b for top in program.blocks for b in top.walk()]
+  if not rows:
+    return []
+  lines = [(f"control-flow blocks ({len(rows)}; inner peak: working set inside beyond the op's "
+            "operands and results, charged to the op;"),
+           ("  per iteration: live bytes in one iteration of the body, its inputs and outputs "
+            "included):"),
+           f"  {'op':>6}  {'primitive':18} {'inner peak':>11}  details / source"]
+  for b in rows[:limit]:
+    name = ("  " * b.depth + ("↳ " if b.depth else "") + b.primitive)
+    where = f"{b.source}  {b.module}".rstrip()
+    details = block_details(b)
+    region = f"in {b.region}" if b.region else ""
+    tail = "; ".join(x for x in (region, details) if x)
+    lines.append(f"  {b.op_index:>6}  {name[:18]:18} {format_bytes(b.inner_peak_bytes):>11}  "
+                 f"{tail + '  ' if tail else ''}{where}")
+  if len(rows) > limit:
+    lines.append(f"  ... {len(rows) - limit} more (Program.blocks, to_json()['blocks'])")
+  return lines
 
 
 def program_json(program: Any) -> dict[str, Any]:
@@ -85,4 +134,5 @@ def program_json(program: Any) -> dict[str, Any]:
                "module": op.module_path, "source": op.source,
                "inputs": [x if isinstance(x, int) else None for x in op.inputs],
                "outputs": list(op.outputs)} for op in program.ops],
+      "blocks": [b.to_json() for b in program.blocks],
   }

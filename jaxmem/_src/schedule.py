@@ -94,7 +94,7 @@ class Schedule:
     end = [-1] * nvals
     for vid in (*prog.invars, *prog.consts):
       start[vid] = 0
-    kinds, inputs, outputs, transient, hoisted = [], [], [], [], []
+    kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
     hoist = lifetimes.hoisted_constants(prog)
     for i, st in enumerate(self.steps):
       ins = [x for x in st.inputs if isinstance(x, int)]
@@ -104,8 +104,10 @@ class Schedule:
         start[o] = i
         end[o] = max(end[o], i)
       t = h = 0
+      reads: list[tuple[int, int]] = []
       if st.kind is StepKind.COMPUTE:
-        kind, t, h = model[st.op]
+        kind, t, h, sh = model[st.op]
+        reads = [(st.inputs[pos], b) for pos, b in sh]
         if st.literal_dep is not None:   # fenced literals: created where it stands
           hoist.difference_update(st.outputs)
       else:
@@ -115,6 +117,7 @@ class Schedule:
       outputs.append(list(st.outputs))
       transient.append(t)
       hoisted.append(h)
+      shared.append(reads)
     for vid in prog.invars:
       if vid not in prog.donated or prog.vars[vid].is_output:
         end[vid] = n
@@ -126,7 +129,8 @@ class Schedule:
       end[x] = n
     materialized = set(prog.invars) | set(prog.consts) | outs
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
-                          [self.value_bytes(v) for v in range(nvals)], materialized, hoist)
+                          [self.value_bytes(v) for v in range(nvals)], materialized, hoist,
+                          shared)
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:

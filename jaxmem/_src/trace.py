@@ -20,7 +20,8 @@ import numpy as np
 
 import jax
 
-from jaxmem._src import _compat
+from jaxmem._src import _compat, sharding
+from jaxmem._src import blocks as _blocks
 
 
 class Role(str, enum.Enum):
@@ -55,6 +56,7 @@ class Op:
     source: ``file:line`` of the user code that emitted it.
     transient_bytes: working memory inside an opaque block beyond its inputs
       and outputs (0 for plain primitives).
+    module: module path (see :attr:`module_path`).
   """
   index: int
   eqn: Any
@@ -64,6 +66,7 @@ class Op:
   name_stack: Any
   source: str
   transient_bytes: int = 0
+  module: str | None = None
 
   @property
   def primitive(self) -> str:
@@ -71,7 +74,8 @@ class Op:
 
   @property
   def module_path(self) -> str:
-    return module_path(str(self.name_stack))
+    """flax linen module path from the name stack, else the ``__call__`` classes on the stack."""
+    return self.module if self.module is not None else module_path(str(self.name_stack))
 
   def input_ids(self) -> list[int]:
     return [x for x in self.inputs if isinstance(x, int)]
@@ -84,13 +88,16 @@ class VarInfo:
   Attributes:
     id: index into ``Program.vars``.
     aval: abstract value (shape, dtype).
-    nbytes: bytes per device.
+    nbytes: bytes per device: the local shard's size when the step is sharded
+      over several devices (:mod:`jaxmem._src.sharding`), else the whole value.
     defined_by: index of the defining op; -1 for arguments and constants.
     uses: indices of the ops that read it, ascending.
     role: see :class:`Role`.
     name: argument path for inputs (``params['Dense_0']['kernel']``), module path otherwise.
     source: ``file:line`` where it was made (the argument path for inputs).
     is_output: returned by the step.
+    global_nbytes: bytes of the whole (unsharded) value; equals ``nbytes``
+      unless the value is split over devices.
   """
   id: int
   aval: Any
@@ -101,6 +108,11 @@ class VarInfo:
   name: str
   source: str
   is_output: bool
+  global_nbytes: int = -1
+
+  def __post_init__(self) -> None:
+    if self.global_nbytes < 0:     # not given: an unsharded value
+      object.__setattr__(self, "global_nbytes", self.nbytes)
 
   @property
   def is_input(self) -> bool:
@@ -133,6 +145,14 @@ def _is_optax_state(x: Any) -> bool:
   return type(x).__module__.split(".")[0] == "optax" and hasattr(x, "_fields")
 
 
+def _nnx_variable_kind(x: Any) -> str | None:
+  """``'Param'``/``'BatchStat'``/... for a flax nnx ``Variable``, else ``None``."""
+  mro = type(x).__mro__
+  if any(c.__name__ == "Variable" and c.__module__.startswith("flax.nnx") for c in mro):
+    return "Param" if any(c.__name__ == "Param" for c in mro) else type(x).__name__
+  return None
+
+
 def _key_name(k: Any) -> str | None:
   for attr in ("key", "name"):
     v = getattr(k, attr, None)
@@ -145,19 +165,27 @@ def classify_inputs(args: Sequence[Any], arg_names: Sequence[str]) -> list[tuple
   """Role and readable name of every leaf of ``args``, in flattening order.
 
   Optimizer state: leaves under an optax state (``ScaleByAdamState`` ...).
-  Parameters: leaves under a ``params`` key or attribute (flax, TrainState),
+  Parameters: flax nnx ``Param`` variables, leaves under a ``params`` key or
+  attribute (flax linen, TrainState),
   or of an argument whose name says so (``params``, ``model_params``).
   Everything else is an input (batch, labels, rng, counters).
   """
   out: list[tuple[Role, str]] = []
   for i, arg in enumerate(args):
     prefix = arg_names[i] if i < len(arg_names) else f"args[{i}]"
-    outer, _ = jax.tree_util.tree_flatten_with_path(arg, is_leaf=_is_optax_state)
+    outer, _ = jax.tree_util.tree_flatten_with_path(
+        arg, is_leaf=lambda x: _is_optax_state(x) or _nnx_variable_kind(x) is not None)
     for path, node in outer:
       if _is_optax_state(node):
         inner, _ = jax.tree_util.tree_flatten_with_path(node)
         out += [(Role.OPTIMIZER_STATE, prefix + jax.tree_util.keystr(tuple(path) + tuple(p)))
                 for p, _ in inner]
+        continue
+      nnx_kind = _nnx_variable_kind(node)
+      if nnx_kind is not None:   # an nnx.Param inside an nnx.State: a parameter wherever it sits
+        role = Role.PARAMETER if nnx_kind == "Param" else Role.INPUT
+        inner, _ = jax.tree_util.tree_flatten_with_path(node)
+        out += [(role, prefix + jax.tree_util.keystr(tuple(path))) for _ in inner]
         continue
       names = {_key_name(k) for k in path}
       is_param = "params" in names or prefix.split("[")[0].endswith(("params", "param"))
@@ -183,35 +211,16 @@ def arg_names_of(fun: Callable[..., Any], nargs: int) -> list[str]:
 
 
 def _inner_working_bytes(eqn: Any) -> int:
-  """Working set of an opaque block beyond its own inputs and outputs."""
-  best = 0
-  for jaxpr in _compat.sub_jaxprs(eqn):
-    best = max(best, _jaxpr_peak_minus_io(jaxpr))
-  return best
+  """Working set of an opaque block beyond its own inputs and outputs.
+
+  One walk serves both this charge and :attr:`Program.blocks`, so a block's
+  ``inner_peak_bytes`` is what the profile charges to its op.
+  """
+  return _blocks.inner_working_bytes(eqn)
 
 
 def _jaxpr_peak_minus_io(jaxpr: Any) -> int:
-  last: dict[Any, int] = {}
-  for i, e in enumerate(jaxpr.eqns):
-    for v in e.invars:
-      if isinstance(v, _compat.Var):
-        last[v] = i
-  live = 0
-  peak = 0
-  dying: dict[int, int] = {}
-  for i, e in enumerate(jaxpr.eqns):
-    made = sum(_compat.aval_nbytes(v.aval) for v in e.outvars)
-    inner = _inner_working_bytes(e)
-    live += made
-    peak = max(peak, live + inner)
-    for v in e.outvars:
-      if not isinstance(v, _compat.DropVar) and v not in last:
-        dying[i] = dying.get(i, 0) + _compat.aval_nbytes(v.aval)
-    live -= dying.pop(i, 0)
-    for v in {v for v in e.invars if isinstance(v, _compat.Var) and last.get(v) == i}:
-      if v not in jaxpr.invars and v not in jaxpr.constvars:
-        live -= _compat.aval_nbytes(v.aval)
-  return max(0, peak)
+  return _blocks.peak_minus_io(jaxpr)
 
 
 class Program:
@@ -224,6 +233,11 @@ class Program:
     outvars: ids (or ``Literal``) of the flat results.
     consts: constant values by id.
     donated: ids of donated arguments (their buffers may be reused).
+    num_devices: devices the step is spread over (1 when unsharded); every
+      ``VarInfo.nbytes`` is then bytes per device, as ``memory_analysis()``
+      of the compiled step reports them.
+    device_layout: per-value shard counts (:class:`~jaxmem._src.sharding.DeviceLayout`),
+      or None when unsharded.
 
   ``closed_jaxpr`` (optional) is the flat jaxpr of ``fun`` traced already, so
   that tracing can be timed apart from the analysis (``bench/analyze_speed.py``);
@@ -252,6 +266,8 @@ class Program:
     input_roles = classify_inputs(args, names)
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
     donated_args = set(donate_argnums)
+    # Only their shardings are read (in _finish); the reference is dropped there.
+    self._arg_leaves: Sequence[Any] = flat_args
     self._build(closed_jaxpr, input_roles, [i in donated_args for i in leaf_arg])
 
   # -- construction ---------------------------------------------------------
@@ -275,7 +291,7 @@ class Program:
     self.donated = frozenset(vid for vid, d in zip(self.invars, donated) if d)
 
     def inline(jaxpr: Any, consts: Sequence[Any], in_atoms: Sequence[Any], prefix: Any,
-               outer_source: str = "?") -> list[Any]:
+               outer_source: str = "?", outer_module: str = "") -> list[Any]:
       env: dict[Any, Any] = {}
       for v, c in zip(jaxpr.constvars, consts):
         vid = new_var(v.aval, -1, (Role.CONSTANT, "constant", "constant"))
@@ -295,16 +311,18 @@ class Program:
         # Bodies of custom_jvp/custom_vjp calls often carry no traceback of
         # their own: attribute them to the line that made the call.
         source = f"{frame[0]}:{frame[1]}" if frame else outer_source
+        ns_str = str(ns)
+        module = module_path(ns_str) or _compat.class_path(eqn) or outer_module
         if body is not None:
-          outs = inline(body.jaxpr, body.consts, ins, ns, source)
+          outs = inline(body.jaxpr, body.consts, ins, ns, source, module)
         else:
           index = len(self.ops)
-          ns_str = str(ns)
           phase = (Phase.BACKWARD if "transpose(" in ns_str else
                    Phase.FORWARD if "jvp(" in ns_str else Phase.OTHER)
-          outs = [new_var(v.aval, index, (None, module_path(ns_str), source)) for v in eqn.outvars]
+          outs = [new_var(v.aval, index, (None, module, source)) for v in eqn.outvars]
           transient = _inner_working_bytes(eqn) if _compat.sub_jaxprs(eqn) else 0
-          self.ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient))
+          self.ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient,
+                             module))
         for v, a in zip(eqn.outvars, outs):
           if not isinstance(v, _compat.DropVar):
             env[v] = a
@@ -314,6 +332,10 @@ class Program:
     self._finish(avals)
 
   def _finish(self, avals: list[Any]) -> None:
+    layout = sharding.device_layout(avals, self.ops, self.invars, self.outvars,
+                                    getattr(self, "_arg_leaves", ()))
+    self.device_layout: sharding.DeviceLayout | None = layout
+    self.num_devices: int = layout.num_devices if layout is not None else 1
     uses: list[list[int]] = [[] for _ in avals]
     for op in self.ops:
       for x in op.inputs:
@@ -334,9 +356,15 @@ class Program:
           role = Role.OUTPUT
         else:
           role = Role.TEMPORARY
-      vars_.append(VarInfo(vid, aval, _compat.aval_nbytes(aval), d, tuple(uses[vid]), role,
-                           name, source, vid in out_ids))
+      nbytes = _compat.aval_nbytes(aval)
+      local = nbytes if layout is None else sharding.per_device_bytes(
+          nbytes, getattr(aval, "shape", ()), layout.counts[vid])
+      vars_.append(VarInfo(vid, aval, local, d, tuple(uses[vid]), role,
+                           name, source, vid in out_ids, global_nbytes=nbytes))
     self.vars: tuple[VarInfo, ...] = tuple(vars_)
+    self._device_fraction: tuple[float, ...] | None = None
+    if layout is not None:
+      self._scale_hidden_bytes()
     # Values computed from literals and constants only (iota, zeros broadcasts):
     # XLA may compute them anywhere, so they must never order a copy or a fence.
     const_like = [False] * len(avals)
@@ -349,12 +377,37 @@ class Program:
     self.constant_like: tuple[bool, ...] = tuple(const_like)
     self.ops = list(self.ops)
     del self._def, self._meta
+    self._arg_leaves = ()
     self._profile: Any = None
+
+  def _scale_hidden_bytes(self) -> None:
+    """Per-device share of the working bytes that are not program values.
+
+    The inner working set of an opaque block (``scan``, ``checkpoint`` ...)
+    and XLA's hidden temporaries are sized from global shapes; on a sharded
+    step each device holds about the share of the op's own operands and
+    results that it holds. ``shard_map`` bodies are per device already.
+    """
+    fractions = []
+    ops = []
+    for op in self.ops:
+      ids = [*op.input_ids(), *op.outputs]
+      whole = sum(self.vars[i].global_nbytes for i in ids)
+      fraction = sum(self.vars[i].nbytes for i in ids) / whole if whole else 1.0
+      fractions.append(fraction)
+      if op.transient_bytes and op.primitive != "shard_map":
+        op = dataclasses.replace(op, transient_bytes=int(op.transient_bytes * fraction))
+      ops.append(op)
+    self.ops = ops
+    self._device_fraction = tuple(fractions)
 
   # -- queries --------------------------------------------------------------
 
-  def op_memory_model(self, planned: bool) -> tuple[tuple[Any, int, int], ...]:
-    """Per op: ``(fusion kind, transient bytes, hoisted bytes)`` under the XLA model.
+  def op_memory_model(self, planned: bool) -> tuple[tuple[Any, int, int, Any], ...]:
+    """Per op: ``(fusion kind, transient bytes, hoisted bytes, shared broadcasts)``.
+
+    The XLA model of each op (:mod:`jaxmem._src.xla_model`); shared broadcasts
+    are ``(input position, bytes)`` pairs (:func:`~jaxmem._src.xla_model.shared_broadcasts`).
 
     ``planned``: describe the op as a planned schedule runs it, i.e. by its
     lowering substitution where one applies; otherwise as plain ``jax.jit``
@@ -364,13 +417,30 @@ class Program:
     if planned not in cache:
       from jaxmem._src import substitutions, xla_model
       out = []
-      for op in self.ops:
+      shared = xla_model.shared_broadcasts(self)
+      scalar_hoists = xla_model.hoisted_scalar_broadcasts(self)
+      for op, sh, sc in zip(self.ops, shared, scalar_hoists):
         subst = planned and substitutions.applies(op.eqn)
-        kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.fusion_kind(op.primitive)
+        kind = xla_model.Fusion.MATERIALIZED if subst else xla_model.op_fusion_kind(self, op)
         t, h = xla_model.hidden_bytes(op.eqn, self.backend, substituted=subst)
-        out.append((kind, t + op.transient_bytes, h))
+        h += sc
+        if self._device_fraction is not None:   # sharded: this device's share
+          fraction = self._device_fraction[op.index]
+          t, h = int(t * fraction), int(h * fraction)
+        out.append((kind, t + op.transient_bytes, h, sh))
       cache[planned] = tuple(out)
     return cache[planned]
+
+  @functools.cached_property
+  def blocks(self) -> tuple[_blocks.Block, ...]:
+    """Opaque control-flow and remat ops (``scan``, ``while``, ``cond``, ``remat2``).
+
+    One :class:`jaxmem.Block` per op with sub-jaxprs, in program order, with
+    the inner peak charged to it, per-iteration and stacked bytes of a
+    ``scan``, per-branch peaks of a ``cond``, and the blocks nested in its
+    bodies as ``children``.
+    """
+    return _blocks.program_blocks(self)
 
   @property
   def num_ops(self) -> int:

@@ -128,3 +128,102 @@ def hidden_bytes(eqn: Any, backend: str, substituted: bool = False) -> tuple[int
     transient = _nbytes(operand) + (rank + 1) * src_elems * 4
     return transient, hoisted
   return 0, 0
+
+
+
+def _elementwise(primitive: str) -> bool:
+  return FUSION_RULES.get(primitive) in (Fusion.CHEAP, Fusion.EXPENSIVE)
+
+
+def shared_broadcasts(program: Any) -> tuple[tuple[tuple[int, int], ...], ...]:
+  """Per op, ``(input position, bytes)`` of operands XLA broadcasts into a stored buffer.
+
+  jax lets elementwise ops broadcast size-1 dimensions (``x[B,H,L,L] /
+  s[B,H,L,1]``); XLA makes each such broadcast an explicit HLO ``broadcast``.
+  When the same broadcast is read in the forward pass and again in the
+  backward pass (the softmax denominator, LayerNorm's ``rsqrt`` and scale),
+  CSE leaves one full-size broadcast, and on the CPU it is stored because the
+  backward consumer is a YNNPACK fusion, which cannot fuse a broadcast
+  (measured on the GPT example: one [B,H,L,L] buffer per attention layer and
+  two [B,L,D] per LayerNorm, live from the forward use to the backward one).
+  Values XLA computes from constants (masks from ``iota``) are excluded: they
+  are recomputed, not kept.
+
+  The estimator charges each such ``(value, broadcast size)`` pair once, from
+  its first reader to its last (:class:`~jaxmem._src.lifetimes.Flow`).
+  """
+  if program.backend != "cpu":
+    return tuple(() for _ in program.ops)
+  readers: dict[tuple[int, int], set[str]] = {}
+  cands: list[list[tuple[int, int, int]]] = []
+  for op in program.ops:
+    found = []
+    if _elementwise(op.primitive) and op.outputs:
+      out = program.vars[op.outputs[0]]
+      for pos, x in enumerate(op.inputs):
+        if not isinstance(x, int) or program.constant_like[x]:
+          continue
+        v = program.vars[x]
+        size = int(np.prod(v.shape)) if v.shape else 1
+        if size > 1 and v.nbytes < out.nbytes and len(v.shape) == len(out.shape):
+          # bytes of the broadcast in the operand's own dtype
+          nbytes = v.nbytes * (int(np.prod(out.shape)) // size)
+          found.append((pos, x, nbytes))
+          readers.setdefault((x, nbytes), set()).add(op.phase.value)
+    cands.append(found)
+  return tuple(tuple((pos, b) for pos, x, b in found
+                     if {"forward", "backward"} <= readers[(x, b)]) for found in cands)
+
+
+
+# Consumers that XLA:CPU turns into a YNNPACK fusion together with their
+# elementwise producers (measured: avg_pool's reduce_window_sum).
+_YNN_WINDOW_CONSUMERS = frozenset({"reduce_window_sum"})
+
+
+def hoisted_scalar_broadcasts(program: Any) -> tuple[int, ...]:
+  """Per op, bytes of constant broadcasts XLA:CPU builds at the program start for it.
+
+  An elementwise op with a scalar constant operand (``relu``'s ``max(x, 0)``)
+  fused with an avg_pool's ``reduce_window_sum`` into a YNNPACK fusion gets
+  that scalar as a materialized full-size broadcast, which XLA schedules at
+  the start of the program and keeps until the fusion runs (measured on a
+  BatchNorm CNN: one buffer of the ReLU's output size per pooling layer).
+  """
+  out = [0] * program.num_ops
+  if program.backend != "cpu":
+    return tuple(out)
+  for op in program.ops:
+    if op.primitive not in _YNN_WINDOW_CONSUMERS:
+      continue
+    for x in op.input_ids():
+      d = program.vars[x].defined_by
+      if d < 0:
+        continue
+      producer = program.ops[d]
+      if not _elementwise(producer.primitive):
+        continue
+      if any((not isinstance(y, int) or (program.constant_like[y] and not program.vars[y].shape))
+             for y in producer.inputs) and len(producer.inputs) > 1:
+        out[op.index] += program.vars[x].nbytes
+  return tuple(out)
+
+
+def op_fusion_kind(program: Any, op: Any) -> Fusion:
+  """:func:`fusion_kind` of ``op`` refined by where its result is used in ``program``.
+
+  A broadcast of a non-scalar value used both by the forward pass and by the
+  backward pass is stored: XLA:CPU hands the backward consumer (a product
+  feeding a reduction, or the softmax-denominator divide) to a YNNPACK fusion,
+  which cannot fuse a broadcast, so CSE keeps one materialized broadcast for
+  both phases (measured on the GPT example's softmax and LayerNorm).
+  """
+  kind = fusion_kind(op.primitive)
+  if op.primitive == "broadcast_in_dim" and program.backend == "cpu":
+    ins = op.input_ids()
+    if (ins and not program.constant_like[ins[0]] and program.vars[ins[0]].shape
+        and program.vars[ins[0]].nbytes < program.vars[op.outputs[0]].nbytes):
+      phases = {program.ops[u].phase.value for u in program.vars[op.outputs[0]].uses}
+      if "backward" in phases and op.phase.value == "forward":
+        return Fusion.MATERIALIZED
+  return kind

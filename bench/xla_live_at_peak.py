@@ -1,0 +1,157 @@
+"""What XLA keeps live at the compiled peak, next to what jaxmem estimates.
+
+The tool behind jaxmem's XLA memory model (``jaxmem/_src/xla_model.py``): it
+compiles ``jax.jit(step)`` with ``--xla_dump_to``, reads the dumped buffer
+assignment and live ranges, finds the point where the most temp bytes are live
+and lists those buffers with the jaxpr op that made them (HLO ``op_name``
+metadata), grouped by module and by kind of HLO value. Then it prints
+jaxmem's holders at its estimated peak, grouped by module the same way, so a
+missing or extra buffer in the model shows as a per-module difference.
+
+Run: ``python bench/xla_live_at_peak.py examples/transformer.py:build --kw batch_size=16``
+
+The dump format is XLA's debug output, not an API: this is a diagnosis tool
+for developers, not part of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MiB = 2 ** 20
+
+
+def parse_dump(directory: str, module: str = "jit_step") -> dict:
+  """Buffers, live ranges and instructions of one dumped HLO module (XLA:CPU)."""
+  def one(suffix: str) -> str:
+    found = sorted(glob.glob(f"{directory}/*{module}.cpu_after_optimizations{suffix}"))
+    if not found:
+      raise SystemExit(f"no dump of module {module!r} in {directory} (suffix {suffix})")
+    return open(found[-1]).read()
+
+  assignment, live_ranges, hlo = one("-buffer-assignment.txt"), one("-live-range.txt"), one(".txt")
+  values, allocations, current = [], {}, None
+  for line in assignment.splitlines():
+    m = re.match(r"allocation (\d+): size (\d+), (.*)", line)
+    if m:
+      text = m.group(3)
+      kind = ("argument" if text.startswith("parameter") else "temp" if "preallocated-temp" in text
+              else "output" if "maybe-live-out" in text else "constant" if text.startswith("constant")
+              else "other")
+      current = int(m.group(1))
+      allocations[current] = (int(m.group(2)), kind)
+      continue
+    m = re.match(r" value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (.*)", line)
+    if m and current is not None:
+      values.append(dict(name=m.group(1), size=int(m.group(2)), kind=allocations[current][1],
+                         shape=m.group(4)))
+    if line.startswith(("Used values", "BufferAssignment stats")):
+      current = None
+  sections = live_ranges.split("BufferLiveRange:")
+  sequence = [n for _, n in re.findall(r"^    (\d+):(\S+)$", sections[0], re.M)]
+  ranges = {}
+  for m in re.finditer(r"^    (\S+?)(\{[^}]*\}):(\d+)-(\d+)$", sections[1].split("Live ranges at")[0],
+                       re.M):
+    ranges[m.group(1) + ("" if m.group(2) == "{}" else m.group(2))] = (int(m.group(3)),
+                                                                      int(m.group(4)))
+  entry = hlo[hlo.index("\nENTRY"):]
+  instructions = {}
+  for m in re.finditer(r"^\s+(?:ROOT )?%(\S+) = \S+ (\S+?)\((.*)$", entry, re.M):
+    meta = re.search(r'op_name="([^"]+)"', m.group(3))
+    instructions[m.group(1)] = dict(op=m.group(2), meta=meta.group(1) if meta else "")
+  return dict(values=values, allocations=allocations, sequence=sequence, ranges=ranges,
+              instructions=instructions)
+
+
+def module_of(op_name: str) -> str:
+  """``jit(step)/transpose(jvp(GPT))/DecoderBlock_1/Dense_0/dot_general`` -> ``GPT/DecoderBlock_1/Dense_0``."""
+  parts = [re.sub(r"[a-z_]+\(|\)", "", p) for p in op_name.split("/")[1:-1]]
+  return "/".join(p for p in parts if p and not p.startswith("jit"))
+
+
+def live_at_peak(dump: dict) -> tuple[int, list[dict], int]:
+  """(peak position, temp values live there, total fixed bytes)."""
+  temps = [v for v in dump["values"] if v["kind"] == "temp" and v["name"] in dump["ranges"]]
+  n = len(dump["sequence"]) + 1
+  delta = [0] * (n + 1)
+  for v in temps:
+    s, e = dump["ranges"][v["name"]]
+    delta[s] += v["size"]
+    delta[e + 1] -= v["size"]
+  live, best, at = 0, -1, 0
+  for t in range(n):
+    live += delta[t]
+    if live > best:
+      best, at = live, t
+  holders = [v for v in temps if dump["ranges"][v["name"]][0] <= at <= dump["ranges"][v["name"]][1]]
+  fixed = sum(s for s, k in dump["allocations"].values() if k in ("argument", "output", "constant"))
+  return at, holders, fixed
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("target", help="MODULE:FACTORY returning (step, args), as for `jaxmem report`")
+  parser.add_argument("--kw", action="append", default=[], help="factory keyword NAME=VALUE")
+  parser.add_argument("--top", type=int, default=25)
+  parser.add_argument("--dump", help="existing dump directory (skip compiling)")
+  args = parser.parse_args()
+  if args.dump is None and "XLA_FLAGS" not in os.environ:
+    # The dump flag must be set before jax starts: re-run this script with it.
+    directory = tempfile.mkdtemp(prefix="jaxmem-xla-dump-")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={directory} --xla_dump_hlo_as_text",
+               JAXMEM_DUMP_DIR=directory)
+    raise SystemExit(subprocess.call([sys.executable, *sys.argv], env=env))
+
+  import jax  # noqa: F401  (after XLA_FLAGS is set)
+  from jaxmem._src import cli
+  from jaxmem._src.errors import format_bytes
+  from jaxmem._src.trace import Program
+  from jaxmem._src.verify import compiled_memory
+
+  factory, name = cli.load_factory(args.target)
+  kwargs = dict(cli.parse_kw(k) for k in args.kw)
+  step, step_args = cli.call_factory(factory, name, kwargs)
+  directory = args.dump or os.environ["JAXMEM_DUMP_DIR"]
+  if args.dump is None:
+    compiled = jax.jit(step).lower(*step_args).compile()
+    print(f"compiled peak (memory_analysis): {format_bytes(compiled_memory(compiled).peak_bytes)}")
+  dump = parse_dump(directory)
+  at, holders, fixed = live_at_peak(dump)
+  temp = sum(v["size"] for v in holders)
+  where = dump["sequence"][at] if at < len(dump["sequence"]) else "exit"
+  print(f"XLA: arguments+outputs+constants {format_bytes(fixed)}, temp live at its peak "
+        f"{format_bytes(temp)} (position {at}, {where})")
+  by_module: dict[str, int] = collections.Counter()
+  by_op: dict[str, int] = collections.Counter()
+  for v in holders:
+    meta = dump["instructions"].get(v["name"].split("{")[0], {}).get("meta", "")
+    by_module[module_of(meta) or "(no metadata)"] += v["size"]
+    by_op[meta.rsplit("/", 1)[-1] or "(no metadata)"] += v["size"]
+
+  prog = Program(step, step_args)
+  prof = prog.profile
+  ours: dict[str, int] = collections.Counter()
+  for vid, b in zip(prof.holders, prof.holder_bytes):
+    v = prog.vars[vid]
+    if not v.is_input and not v.is_output:
+      ours[v.name or "(top level)"] += b
+  hidden = prof.peak_bytes - sum(prof.holder_bytes)
+  print(f"jaxmem: estimated peak {format_bytes(prof.peak_bytes)} "
+        f"(XLA temporaries outside the jaxpr: {format_bytes(max(hidden, 0))})")
+  print(f"\n{'temp bytes at the peak, by module':48} {'XLA':>11} {'jaxmem':>11}")
+  for mod in sorted(set(by_module) | set(ours), key=lambda m: -max(by_module[m], ours[m]))[:args.top]:
+    print(f"  {mod[:46]:46} {format_bytes(by_module[mod]):>11} {format_bytes(ours[mod]):>11}")
+  print("\nXLA temp bytes at its peak, by the jaxpr primitive that made them:")
+  for op, b in by_op.most_common(args.top):
+    print(f"  {op[:46]:46} {format_bytes(b):>11}")
+
+
+if __name__ == "__main__":
+  main()
