@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import jaxmem
@@ -69,3 +71,28 @@ def test_scan_over_layers_estimate_and_report():
   assert "scan" in prog.report()
   cmp = jaxmem.compare(step, *args, verbose=False)
   assert abs(cmp.relative_error) <= 0.15, str(cmp)
+
+
+def test_stored_broadcasts_are_attributed_in_report_and_json():
+  """XLA:CPU stores one full-size broadcast of the softmax denominator per attention
+  layer (read by the forward and the backward pass): the report charges it to the
+  attention module's line, the JSON lists it, and it is counted in the peak."""
+  import importlib.resources
+
+  jsonschema = pytest.importorskip("jsonschema")
+  step, args = __import__("transformer").build(batch_size=4, layers=2, seq_len=64)
+  prog = jaxmem.analyze(step, *args)
+  data = prog.to_json()
+  schema = json.loads((importlib.resources.files("jaxmem") / "schema" / "program-1.json").read_text())
+  jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
+  # [B, H, L, L] float32 per layer, from a [B, H, L, 1] denominator
+  full = 4 * 4 * 64 * 64 * 4
+  softmax = [b for b in data["xla_broadcasts"]
+             if b["bytes"] == full and data["values"][b["value"]]["shape"] == [4, 4, 64, 1]]
+  assert len(softmax) == 2
+  for b in softmax:
+    s, e = b["interval"]
+    assert data["ops"][s]["phase"] == "forward" and data["ops"][e]["phase"] == "backward"
+    assert data["values"][b["value"]]["name"].endswith("MultiHeadDotProductAttention_0")
+  text = prog.report(top=200)
+  assert "XLA broadcast" in text and "float32[4,4,64,1]" in text

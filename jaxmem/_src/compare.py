@@ -104,11 +104,7 @@ def _explain(program: Program, prof: lifetimes.Profile, raw_peak: int) -> list[s
   if hidden > 0:
     model = program.op_memory_model(planned=False)
     peak = prof.peak_index
-    span: dict[tuple[int, int], list[int]] = {}
-    for op, (_, _, _, shared) in zip(program.ops, model):
-      for pos, b in shared:
-        span.setdefault((op.inputs[pos], b), [op.index, op.index])[1] = op.index
-    stored = [b for (_, b), (s, e) in span.items() if s < e and s <= peak <= e]
+    stored = [b for _, b, s, e in xla_model.stored_broadcast_spans(program) if s <= peak <= e]
     if stored:
       notes.append((sum(stored), f"{format_bytes(sum(stored))} in {len(stored)} full-size "
                     "broadcasts read by both the forward and the backward pass (e.g. softmax "

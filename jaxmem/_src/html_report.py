@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxmem._src import plot as _plot
 from jaxmem._src.errors import format_bytes
+from jaxmem._src.report import stored_broadcasts_at
 from jaxmem._src.trace import Role
 
 _CSS = """
@@ -374,7 +375,15 @@ def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
     mod = "(arguments)" if v.is_input else (v.name or "(top level)")
     by_module[mod][0] += nb
     by_module[mod][1] += 1
-  hidden = peak - sum(prof.holder_bytes)
+  # Broadcasts XLA stores (no jaxpr value): charged to the value they broadcast.
+  broadcasts = stored_broadcasts_at(program, prof.peak_index)
+  bcast_bytes = sum(b for _, b, _, _ in broadcasts)
+  for vid, nb, _, _ in broadcasts:
+    v = vars_[vid]
+    mod = "(arguments)" if v.is_input else (v.name or "(top level)")
+    by_module[mod][0] += nb
+    by_module[mod][1] += 1
+  hidden = peak - sum(prof.holder_bytes) - bcast_bytes
 
   def bar(nb: int) -> str:
     return f'<span class="bar" style="width:{int(120 * nb / max(1, peak))}px"></span>'
@@ -385,11 +394,18 @@ def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
                 + _td(format_bytes(nb), "num", nb) + _td(_pct(nb, peak) + bar(nb), "num",
                                                            nb, raw=True)
                 + _td(cnt, "num", cnt) + "</tr>")
+  if broadcasts:
+    rows.append("<tr>" + _td(f'<span class="sw" style="background:{_plot.HIDDEN_COLOR}"></span>'
+                             "XLA broadcast", raw=True, sort="XLA broadcast")
+                + _td(format_bytes(bcast_bytes), "num", bcast_bytes)
+                + _td(_pct(bcast_bytes, peak) + bar(bcast_bytes), "num", bcast_bytes, raw=True)
+                + _td(len(broadcasts), "num", len(broadcasts)) + "</tr>")
   hidden_row = ("<tr>" + _td(f'<span class="sw" style="background:{_plot.HIDDEN_COLOR}"></span>'
-                             + _e(_plot.HIDDEN_LABEL), raw=True, sort="~")
+                             + _e("XLA temporaries (layout copies, expansions, loop bodies)"),
+                             raw=True, sort="~")
                 + _td(format_bytes(hidden), "num", hidden)
                 + _td(_pct(hidden, peak) + bar(hidden), "num", hidden, raw=True)
-                + _td("", "num", 0) + "</tr>") if hidden > 0 else ""
+                + _td("", "num", 0) + "</tr>") if hidden > peak // 1000 else ""
   rows.append(hidden_row)
   parts.append("<h2>Live at the peak, by role</h2>")
   parts.append(_table([("role", ""), ("bytes", "num"), ("% of peak", "num"), ("buffers", "num")],
@@ -407,21 +423,34 @@ def html_report(program: Any, path: str | os.PathLike[str] | None = None, *,
                       rows))
 
   # Top buffers.
-  ntop = min(top, len(prof.holders))
+  entries = [(nb, vid, None) for vid, nb in zip(prof.holders, prof.holder_bytes)]
+  entries += [(nb, vid, (s, e)) for vid, nb, s, e in broadcasts]
+  entries.sort(key=lambda t: -t[0])
+  ntop = min(top, len(entries))
   rows = []
-  for rank, (vid, nb) in enumerate(list(zip(prof.holders, prof.holder_bytes))[:ntop], 1):
+  for rank, (nb, vid, span) in enumerate(entries[:ntop], 1):
     v = vars_[vid]
-    live, start = _interval(program, vid)
+    if span is None:
+      live, start = _interval(program, vid)
+      role = _swatch(v.role) + _e(v.role.value)
+      sort_role = v.role.value
+    else:
+      live, start = f"{span[0]}..{span[1]}", span[0]
+      role = (f'<span class="sw" style="background:{_plot.HIDDEN_COLOR}"></span>'
+              "XLA broadcast of")
+      sort_role = "XLA broadcast"
     rows.append("<tr>" + _td(rank, "num", rank) + _td(format_bytes(nb), "num", nb)
                 + _td(_pct(nb, peak), "num", nb) + _td(v.type_str, "mono")
-                + _td(_swatch(v.role) + _e(v.role.value), raw=True, sort=v.role.value)
+                + _td(role, raw=True, sort=sort_role)
                 + _td(live, "mono", start)
                 + _td("(argument)" if v.is_input else v.source, "src")
                 + _td(v.name, "src") + "</tr>")
-  parts.append(f"<h2>Top {ntop} buffers at the peak (of {len(prof.holders)})</h2>")
+  parts.append(f"<h2>Top {ntop} buffers at the peak (of {len(entries)})</h2>")
   parts.append('<p class="note">live: estimated program positions from definition to last use '
                "(exit = held until the step returns; * = kept alive for a use XLA fuses into a "
-               "later op; outputs are reserved for the whole step). source: the line of user code that made "
+               "later op; outputs are reserved for the whole step). XLA broadcast of: a full-size "
+               "broadcast of this value that XLA stores because the forward and the backward "
+               "pass both read it. source: the line of user code that made "
                "the value (frames inside installed libraries are skipped).</p>")
   parts.append(_table([("#", "num"), ("bytes", "num"), ("% of peak", "num"), ("type", ""),
                        ("role", ""), ("live", ""), ("source", ""), ("name", "")], rows))

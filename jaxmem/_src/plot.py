@@ -47,7 +47,7 @@ ROLE_LABELS: dict[Role, str] = {
 # The stacked rows of :func:`role_stacks`: the roles, then what is not a jaxpr value.
 HIDDEN_KEY = "xla_temporaries"
 HIDDEN_COLOR = "#D98FB0"
-HIDDEN_LABEL = "hidden temporaries (XLA copies, loop bodies)"
+HIDDEN_LABEL = "XLA temporaries (stored broadcasts, layout copies, loop bodies)"
 STACK_KEYS: tuple[str, ...] = tuple(r.value for r in ROLES) + (HIDDEN_KEY,)
 STACK_COLORS: tuple[str, ...] = tuple(ROLE_COLORS[r] for r in ROLES) + (HIDDEN_COLOR,)
 STACK_LABELS: tuple[str, ...] = tuple(ROLE_LABELS[r] for r in ROLES) + (HIDDEN_LABEL,)

@@ -24,6 +24,18 @@ def _interval(program: Any, vid: int) -> str:
   return f"{s}..{end}{mark}"
 
 
+def _stored_broadcasts(program: Any) -> list[tuple[int, int, int, int]]:
+  from jaxmem._src import xla_model
+  return xla_model.stored_broadcast_spans(program)
+
+
+def stored_broadcasts_at(program: Any, position: int) -> list[tuple[int, int, int, int]]:
+  """``(value id, bytes, first, last)`` of the broadcasts XLA stores that are live at ``position``."""
+  from jaxmem._src import xla_model
+  return sorted((t for t in xla_model.stored_broadcast_spans(program) if t[2] <= position <= t[3]),
+                key=lambda t: -t[1])
+
+
 def program_report(program: Any, top: int = 15) -> str:
   """Text report: peak, bytes by role and by module at the peak, top holders."""
   prof = program.profile
@@ -42,22 +54,37 @@ def program_report(program: Any, top: int = 15) -> str:
     by_role[v.role.value] += nbytes
     module = v.name if not v.is_input else "(arguments)"
     by_module[module or "(top level)"] += nbytes
+  # Broadcasts XLA stores are no jaxpr value: charge them to the value they
+  # broadcast (its module, its source line), so the big ones are attributed.
+  broadcasts = stored_broadcasts_at(program, prof.peak_index)
+  for vid, nbytes, _, _ in broadcasts:
+    v = vars_[vid]
+    by_role["XLA broadcast"] += nbytes
+    by_module[(v.name if not v.is_input else "(arguments)") or "(top level)"] += nbytes
   lines.append("live at the peak, by role:")
   for role, b in sorted(by_role.items(), key=lambda kv: -kv[1]):
     lines.append(f"  {role:16} {format_bytes(b):>12}  {b / max(1, prof.peak_bytes):6.1%}")
   lines.append("live at the peak, by module:")
   for mod, b in sorted(by_module.items(), key=lambda kv: -kv[1])[:10]:
     lines.append(f"  {mod[:40]:40} {format_bytes(b):>12}")
-  hidden = prof.peak_bytes - sum(prof.holder_bytes)
-  if hidden > 0:
+  hidden = prof.peak_bytes - sum(prof.holder_bytes) - sum(b for _, b, _, _ in broadcasts)
+  if hidden > prof.peak_bytes // 1000:
     lines.append(f"  {'XLA temporaries':16} {format_bytes(hidden):>12}  {hidden / max(1, prof.peak_bytes):6.1%}"
-                 "  (layout copies, stored broadcasts, expansions: not jaxpr values)")
-  lines.append(f"top {min(top, len(prof.holders))} buffers at the peak "
-               "(live: op positions; * = kept for a use XLA fuses into a later op):")
+                 "  (layout copies, expansions, loop bodies: not jaxpr values)")
+  rows = [(nbytes, vid, False) for vid, nbytes in zip(prof.holders, prof.holder_bytes)]
+  rows += [(nbytes, vid, (s, e)) for vid, nbytes, s, e in broadcasts]
+  rows.sort(key=lambda r: -r[0])
+  lines.append(f"top {min(top, len(rows))} buffers at the peak "
+               "(live: op positions; * = kept for a use XLA fuses into a later op; "
+               "XLA broadcast = a full-size broadcast of this value that XLA stores):")
   lines.append(f"  {'bytes':>11}  {'type':24} {'role':15} {'live':>12}  source / name")
-  for vid, nbytes in list(zip(prof.holders, prof.holder_bytes))[:top]:
+  for nbytes, vid, span in rows[:top]:
     v = vars_[vid]
     where = v.name if v.is_input else f"{v.source}  {v.name}"
+    if span:
+      lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} "
+                   f"{'XLA broadcast':15} {f'{span[0]}..{span[1]}':>12}  {where}")
+      continue
     lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} {v.role.value:15} "
                  f"{_interval(program, vid):>12}  {where}")
   lines += blocks_report(program)
@@ -135,4 +162,6 @@ def program_json(program: Any) -> dict[str, Any]:
                "inputs": [x if isinstance(x, int) else None for x in op.inputs],
                "outputs": list(op.outputs)} for op in program.ops],
       "blocks": [b.to_json() for b in program.blocks],
+      "xla_broadcasts": [{"value": vid, "bytes": b, "interval": [s, e]}
+                         for vid, b, s, e in _stored_broadcasts(program)],
   }

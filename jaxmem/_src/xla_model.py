@@ -176,6 +176,21 @@ def shared_broadcasts(program: Any) -> tuple[tuple[tuple[int, int], ...], ...]:
 
 
 
+
+def stored_broadcast_spans(program: Any) -> list[tuple[int, int, int, int]]:
+  """``(value id, bytes, first reader, last reader)`` of the broadcasts XLA stores.
+
+  The unplanned program's view of :func:`shared_broadcasts`: one entry per
+  broadcast of a value that is read at two or more program points (a single
+  reader fuses it, nothing is stored).
+  """
+  span: dict[tuple[int, int], list[int]] = {}
+  for op, (_, _, _, shared) in zip(program.ops, program.op_memory_model(planned=False)):
+    for pos, b in shared:
+      span.setdefault((op.inputs[pos], b), [op.index, op.index])[1] = op.index
+  return [(v, b, s, e) for (v, b), (s, e) in span.items() if e > s]
+
+
 # Consumers that XLA:CPU turns into a YNNPACK fusion together with their
 # elementwise producers (measured: avg_pool's reduce_window_sum).
 _YNN_WINDOW_CONSUMERS = frozenset({"reduce_window_sum"})
