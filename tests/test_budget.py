@@ -63,3 +63,4 @@ def test_fit_without_budget_is_explained():
 def test_unknown_planner():
   with pytest.raises(ValueError, match="`planner`"):
     jaxmem.fit(0.5, planner="magic")
+
