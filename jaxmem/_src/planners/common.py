@@ -1,0 +1,213 @@
+"""Pieces every planner shares: candidate gaps, recompute chains, pricing, the finished plan.
+
+A *gap* of a variable is the stretch between two consecutive events (its
+definition, its uses) during which nothing reads it: the only stretch a keep /
+remat / offload decision can free. The planners differ in which gaps they pick
+and how; they all turn picks into :class:`~jaxmem._src.plan.Decision` objects
+here, price them with :mod:`jaxmem._src.cost`, and finish with the same
+schedule estimate, so their plans compare like for like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from jaxmem._src import _compat, cost
+from jaxmem._src.plan import Action, Decision, Plan
+from jaxmem._src.schedule import StepKind, build_schedule
+from jaxmem._src.trace import Phase, Role
+
+CANDIDATE_ROLES = {Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT}
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+  """An idle stretch ``(start, end)`` of variable ``var`` (program positions of two events).
+
+  Attributes:
+    var: variable id.
+    start: the event before the gap (definition or use).
+    end: the next use; a restore must happen before it.
+    nbytes: bytes freed while the gap lasts.
+    forward_to_backward: ``start`` is in the forward pass and ``end`` in the
+      backward pass (a feature map saved for backward, what vDNN/Layrub move).
+  """
+  var: int
+  start: int
+  end: int
+  nbytes: int
+  forward_to_backward: bool
+
+  @property
+  def length(self) -> int:
+    return self.end - self.start
+
+
+def candidate_vars(program: Any, min_bytes: int = 1) -> list[int]:
+  """Values a plan may drop: activations, gradients and temporaries, not arguments or results."""
+  return [v.id for v in program.vars
+          if v.role in CANDIDATE_ROLES and not v.is_input and not v.is_output
+          and v.nbytes >= min_bytes and v.uses]
+
+
+def gaps_of(program: Any, vid: int) -> list[Gap]:
+  """Every gap of ``vid`` at least two positions long (something runs inside it)."""
+  v = program.vars[vid]
+  events = sorted({v.defined_by, *v.uses})
+  out = []
+  for a, b in zip(events, events[1:]):
+    if b - a < 2:
+      continue
+    fb = (program.ops[a].phase is not Phase.BACKWARD
+          and program.ops[b].phase is Phase.BACKWARD)
+    out.append(Gap(vid, a, b, v.nbytes, fb))
+  return out
+
+
+def candidate_gaps(program: Any, min_bytes: int = 1) -> list[Gap]:
+  """All gaps of all candidate values."""
+  return [g for vid in candidate_vars(program, min_bytes) for g in gaps_of(program, vid)]
+
+
+def frees_over_gap(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> bool:
+  """Does dropping ``gap.var`` over the gap free its bytes in the compiled program?
+
+  Not when a consumer XLA fuses away (a cheap or single-use elementwise op)
+  read it before the gap and is itself consumed after the gap starts: the
+  fused kernel reads the original buffer there, so XLA keeps it alive whatever
+  the plan does with later uses. Pinned values are materialized, not fused.
+  """
+  prof = program.profile
+  if prof.virtual is None or prof.intervals is None:
+    return True
+  pinned_set = set(pinned)
+  stack = [gap.var]
+  seen = set()
+  while stack:
+    x = stack.pop()
+    for u in program.vars[x].uses:
+      if u > gap.start:
+        continue
+      for w in program.ops[u].outputs:
+        if w in seen or not prof.virtual[w] or w in pinned_set:
+          continue
+        seen.add(w)
+        if prof.intervals[w][1] > gap.start:
+          return False
+        stack.append(w)
+  return True
+
+
+def freed_bytes(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> int:
+  """Bytes the estimate frees inside ``gap`` when ``gap.var`` is dropped over it.
+
+  A stored value frees its own bytes. A value XLA fuses away stores nothing,
+  but its stored inputs are kept alive for it (through other fused values)
+  until its consumer after the gap; dropping it materializes it at the
+  gap's start and lets those inputs go, if nothing else reads them later.
+  """
+  prof = program.profile
+  if prof.virtual is None or not prof.virtual[gap.var] or gap.var in set(pinned):
+    return gap.nbytes
+  freed, stack, seen = 0, [gap.var], {gap.var}
+  while stack:
+    w = stack.pop()
+    for y in program.ops[program.vars[w].defined_by].input_ids():
+      if y in seen:
+        continue
+      seen.add(y)
+      v = program.vars[y]
+      if v.is_input or program.constant_like[y]:
+        continue
+      if prof.virtual[y]:
+        stack.append(y)
+        continue
+      if max(v.uses) <= gap.start and prof.intervals[y][1] <= gap.end:
+        freed += v.nbytes
+  return freed
+
+
+def recompute_chain(program: Any, vid: int, pos: int, max_ops: int = 8) -> tuple[int, ...] | None:
+  """Ops that rebuild ``vid`` just before ``pos`` from values still live there (no other plan)."""
+  from jaxmem._src.planners.greedy import _State, find_chain
+  return find_chain(_State(program), vid, pos, max_ops)
+
+
+def chain_inputs(program: Any, chain: Sequence[int]) -> set[int]:
+  """Values a recompute chain reads that it does not make itself."""
+  made = {o for k in chain for o in program.ops[k].outputs}
+  return {x for k in chain for x in program.ops[k].input_ids() if x not in made}
+
+
+class Pricer:
+  """Extra step time of a decision on a device (:mod:`jaxmem._src.cost`), cached per op."""
+
+  def __init__(self, program: Any, device: Any):
+    self.program = program
+    self.device = cost.device_profile(device)
+    self._op_s: dict[int, float] = {}
+
+  def op_seconds(self, k: int) -> float:
+    if k not in self._op_s:
+      self._op_s[k] = cost.eqn_seconds(self.program.ops[k].eqn, self.device)
+    return self._op_s[k]
+
+  def compute_seconds(self, start: int, end: int) -> float:
+    """Time the compute stream spends on ops ``start..end-1``."""
+    return sum(self.op_seconds(k) for k in range(max(0, start), min(end, self.program.num_ops)))
+
+  def remat_seconds(self, chain: Sequence[int]) -> float:
+    return sum(self.op_seconds(k) for k in chain)
+
+  def copy_seconds(self, nbytes: int) -> float:
+    """One direction of an offload (device to host, or back)."""
+    return self.device.copy_seconds(nbytes)
+
+  def offload_seconds(self, nbytes: int) -> float:
+    """Both copies of an offload, as synchronous copies cost them (an upper bound)."""
+    return 2.0 * self.copy_seconds(nbytes)
+
+
+def remat_decision(program: Any, gap: Gap, pricer: Pricer, max_ops: int = 8) -> Decision | None:
+  chain = recompute_chain(program, gap.var, gap.end, max_ops)
+  if not chain:
+    return None
+  return Decision(gap.var, Action.REMAT, gap.start, gap.end, chain, gap.nbytes,
+                  pricer.remat_seconds(chain))
+
+
+def offload_decision(program: Any, gap: Gap, pricer: Pricer) -> Decision | None:
+  if not _compat.is_plain_array_aval(program.vars[gap.var].aval):
+    return None
+  return Decision(gap.var, Action.OFFLOAD, gap.start, gap.end, (), gap.nbytes,
+                  pricer.offload_seconds(gap.nbytes))
+
+
+def base_pins(program: Any) -> tuple[int, ...]:
+  from jaxmem._src.planners.greedy import pins
+  return pins(program)
+
+
+def position_profile(program: Any, decisions: Sequence[Decision] = (),
+                     pinned: Sequence[int] = ()) -> tuple[np.ndarray, int]:
+  """Estimated live bytes just at each op position (compute steps only), and the peak."""
+  schedule = build_schedule(program, tuple(decisions), tuple(pinned))
+  prof = schedule.profile()
+  out = np.zeros(program.num_ops, dtype=np.int64)
+  for i, st in enumerate(schedule.steps):
+    if st.kind is StepKind.COMPUTE and not st.recompute:
+      out[st.op] = max(out[st.op], prof.live_bytes[i])
+  return out, prof.peak_bytes
+
+
+def finish(program: Any, decisions: Iterable[Decision], budget_bytes: int, name: str,
+           pinned: Sequence[int] | None = None) -> Plan:
+  """The plan of ``decisions`` with its estimated peak (same estimator for every planner)."""
+  decisions = tuple(decisions)
+  pinned = base_pins(program) if pinned is None else tuple(pinned)
+  prof = build_schedule(program, decisions, pinned).profile()
+  return Plan(program, decisions, int(budget_bytes), prof.peak_bytes,
+              program.profile.peak_bytes, name, pinned)
