@@ -40,11 +40,14 @@ def run_example(build: Callable[..., Any], default_batch: int, doc: str | None) 
   a = p.parse_args()
   budget = float(a.budget) if a.budget.replace(".", "", 1).isdigit() and "." in a.budget else (
       int(a.budget) if a.budget.isdigit() else a.budget)
-  step, (params, opt_state, *data) = build(batch_size=a.batch)
+  step, args = build(batch_size=a.batch)
   fitted = jaxmem.fit(budget, verbose=True)(step)
   for i in range(a.steps):
-    params, opt_state, loss = fitted(params, opt_state, *data)
+    # The step returns its updated state (params, optimizer state, ...) then the loss;
+    # the state replaces the leading arguments, the batch stays.
+    *state, loss = fitted(*args)
+    args = (*state, *args[len(state):])
     print(f"step {i}: loss {float(loss):.4f}")
-  result = fitted.fit_result(params, opt_state, *data)
+  result = fitted.fit_result(*args)
   print(result.plan.summary())
   print(result.summary())
