@@ -9,6 +9,22 @@ import jax
 import optax
 
 
+def remat_block(block: Any, remat_policy: str | None, **kw: Any) -> Any:
+  """``block`` (a flax module class) under ``nn.remat`` with a JAX policy, or unchanged.
+
+  The by-hand baseline users pick today: every block recomputed in the backward
+  pass, saving what the policy allows (``"nothing_saveable"``,
+  ``"dots_saveable"``, ``"offload_dot_with_no_batch_dims"``, ...).
+  """
+  if remat_policy is None:
+    return block
+  import flax.linen as nn
+  policy = getattr(jax.checkpoint_policies, remat_policy)
+  if remat_policy.startswith("offload"):
+    policy = policy("device", "pinned_host")
+  return nn.remat(block, policy=policy, **kw)
+
+
 def classifier_step(model: Any, inputs: jax.Array, labels: jax.Array, tx: Any,
                     seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """A full train step ``step(params, opt_state, inputs, labels)`` and its arguments.
@@ -16,12 +32,13 @@ def classifier_step(model: Any, inputs: jax.Array, labels: jax.Array, tx: Any,
   Softmax cross-entropy on integer labels, gradient by ``jax.value_and_grad``,
   update by the optax transformation ``tx``.
   """
+  apply = model.apply
   params = model.init(jax.random.PRNGKey(seed), inputs[:1])
   opt_state = tx.init(params)
 
   def step(params, opt_state, inputs, labels):
     def loss_fn(p):
-      logits = model.apply(p, inputs)
+      logits = apply(p, inputs)
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import run_example
+from _common import remat_block, run_example
 
 STAGES = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
@@ -60,10 +60,12 @@ class ResNet(nn.Module):
   classes: int = 1000
   small_input: bool = False   # CIFAR-style stem (3x3 conv, no max_pool) for 32x32 images
   stages: tuple[int, ...] | None = None   # blocks per stage (default: STAGES[depth])
+  remat_policy: str | None = None         # per-block nn.remat with this JAX policy (a baseline)
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = True) -> jax.Array:
-    block = Bottleneck if self.depth >= 50 else BasicBlock
+    block = remat_block(Bottleneck if self.depth >= 50 else BasicBlock, self.remat_policy,
+                        static_argnums=(2,))
     if self.small_input:
       x = nn.Conv(self.width, (3, 3), use_bias=False)(x)
     else:
@@ -80,7 +82,8 @@ class ResNet(nn.Module):
 
 def build(batch_size: int = 8, depth: int = 50, image_size: int = 224, width: int = 64,
           classes: int = 1000, seed: int = 0, abstract: bool = False,
-          stages: Sequence[int] | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+          stages: Sequence[int] | None = None,
+          remat_policy: Any = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """A full SGD-momentum train step ``step(params, batch_stats, opt_state, images, labels)``.
 
   Args:
@@ -90,9 +93,11 @@ def build(batch_size: int = 8, depth: int = 50, image_size: int = 224, width: in
     abstract: return ``jax.ShapeDtypeStruct`` arguments (for ``jaxmem.analyze``
       and planning at full size without allocating or initialising anything).
     stages: override the blocks per stage (e.g. ``(1, 1, 1, 1)`` for a tiny test net).
+    remat_policy: recompute every residual block with this ``jax.checkpoint_policies``
+      name (the by-hand baseline).
   """
   model = ResNet(depth, width, classes, small_input=image_size <= 64,
-                 stages=tuple(stages) if stages is not None else None)
+                 stages=tuple(stages) if stages is not None else None, remat_policy=remat_policy)
   tx = optax.sgd(0.1, momentum=0.9)
   kx, ky = jax.random.split(jax.random.PRNGKey(seed))
   img_shape = (batch_size, image_size, image_size, 3)

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import run_example
+from _common import remat_block, run_example
 
 
 class DecoderBlock(nn.Module):
@@ -33,20 +33,27 @@ class GPT(nn.Module):
   heads: int = 4
   layers: int = 4
   max_len: int = 128
+  remat_policy: str | None = None   # per-block nn.remat with this JAX policy (a baseline)
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
+    block = remat_block(DecoderBlock, self.remat_policy)
     pos = jnp.arange(tokens.shape[1])
     x = nn.Embed(self.vocab, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(pos)
     for _ in range(self.layers):
-      x = DecoderBlock(self.dim, self.heads)(x)
+      x = block(self.dim, self.heads)(x)
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
 def build(batch_size: int = 16, seq_len: int = 128, vocab: int = 256, dim: int = 128,
-          heads: int = 4, layers: int = 4, seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-  """A full adamw train step ``step(params, opt_state, tokens)`` (next-token loss) and its arguments."""
-  model = GPT(vocab, dim, heads, layers, seq_len)
+          heads: int = 4, layers: int = 4, seed: int = 0,
+          remat_policy: Any = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """A full adamw train step ``step(params, opt_state, tokens)`` (next-token loss) and its arguments.
+
+  ``remat_policy``: recompute every decoder block with this ``jax.checkpoint_policies``
+  name (the by-hand baseline).
+  """
+  model = GPT(vocab, dim, heads, layers, seq_len, remat_policy)
   tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch_size, seq_len + 1), 0, vocab)
   params = model.init(jax.random.PRNGKey(seed + 1), tokens[:1, :-1])
   tx = optax.adamw(1e-3, weight_decay=1e-2)

@@ -8,6 +8,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <random>
 #include <utility>
@@ -22,8 +24,117 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A random first handle in [2^62, 2^63): 62 random bits, never 0, and the
-// counter cannot wrap in any realistic process lifetime.
+void* AlignedAlloc(size_t bytes) {
+  void* p = nullptr;
+  if (::posix_memalign(&p, kHostStoreAlignment, bytes) != 0) return nullptr;
+  return p;
+}
+
+constexpr size_t kCachePage = 4096;
+
+size_t RoundUp(size_t bytes) {
+  return (bytes + kCachePage - 1) / kCachePage * kCachePage;
+}
+
+uint64_t CacheCapFromEnv() {
+  const char* env = std::getenv("JAXMEM_HOST_CACHE_BYTES");
+  if (env == nullptr || *env == '\0') return 8ULL << 30;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(env, &end, 10);
+  return end == env ? (8ULL << 30) : static_cast<uint64_t>(n);
+}
+
+// Freed heap buffers by rounded size. See HostBuffer in host_store.h.
+class BufferCache {
+ public:
+  static BufferCache& Global() {
+    static BufferCache* cache = new BufferCache();  // leaked like the store
+    return *cache;
+  }
+
+  void* Take(size_t rounded) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.lower_bound(rounded);
+      if (it != free_.end() && it->first - rounded <= rounded / 8) {
+        void* p = it->second.first;
+        size_t size = it->first;
+        free_.erase(it);
+        cached_ -= size;
+        ++hits_;
+        in_use_[p] = size;
+        return p;
+      }
+      ++misses_;
+    }
+    void* p = AlignedAlloc(rounded);
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_use_[p] = rounded;
+    }
+    return p;
+  }
+
+  void Give(void* p) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = in_use_.find(p);
+    size_t size = it == in_use_.end() ? 0 : it->second;
+    if (it != in_use_.end()) in_use_.erase(it);
+    // Keep it if the cache stays within the high-water mark of live bytes
+    // (what the workload needed at once anyway) and the configured cap.
+    if (size > 0 && cached_ + size <= cap_ && cached_ + size <= high_water_) {
+      free_.emplace(size, std::make_pair(p, ++seq_));
+      cached_ += size;
+      return;
+    }
+    lock.unlock();
+    std::free(p);
+  }
+
+  void NoteLive(uint64_t live_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (live_bytes > high_water_) high_water_ = live_bytes;
+  }
+
+  uint64_t Trim() {
+    std::multimap<size_t, std::pair<void*, uint64_t>> doomed;
+    uint64_t freed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      doomed.swap(free_);
+      freed = cached_;
+      cached_ = 0;
+      high_water_ = 0;
+    }
+    for (auto& [size, entry] : doomed) std::free(entry.first);
+    return freed;
+  }
+
+  void Stats(HostStoreStats* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    s->cached_bytes = cached_;
+    s->cache_hits = hits_;
+    s->cache_misses = misses_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, std::pair<void*, uint64_t>> free_;
+  std::unordered_map<void*, size_t> in_use_;
+  uint64_t cached_ = 0;
+  uint64_t high_water_ = 0;
+  uint64_t cap_ = CacheCapFromEnv();
+  uint64_t hits_ = 0;
+  uint64_t misses_ = 0;
+  uint64_t seq_ = 0;
+};
+
+void CachedFree(void* p, size_t /*bytes*/) { BufferCache::Global().Give(p); }
+
+}  // namespace
+
+// 62 random bits, never 0, and the counter cannot wrap in any realistic
+// process lifetime.
 uint64_t RandomFirstId() {
   uint64_t seed = 0;
   try {
@@ -40,13 +151,35 @@ uint64_t RandomFirstId() {
   return (mixed & 0x3fffffffffffffffULL) | 0x4000000000000000ULL;
 }
 
-void* AlignedAlloc(size_t bytes) {
-  void* p = nullptr;
-  if (::posix_memalign(&p, kHostStoreAlignment, bytes) != 0) return nullptr;
-  return p;
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    free_ = std::exchange(other.free_, nullptr);
+    wait_ready_ = std::move(other.wait_ready_);
+    other.wait_ready_ = nullptr;
+  }
+  return *this;
 }
 
-}  // namespace
+void HostBuffer::Reset() {
+  // A buffer still being written by a copy stream must not be freed under it.
+  WaitReady();
+  if (data_ != nullptr && free_ != nullptr) free_(data_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
+  free_ = nullptr;
+}
+
+HostBuffer HostBuffer::Allocate(size_t bytes) {
+  if (bytes == 0) return HostBuffer();
+  void* p = BufferCache::Global().Take(RoundUp(bytes));
+  if (p == nullptr) return HostBuffer();
+  return HostBuffer(p, bytes, &CachedFree);
+}
+
+uint64_t HostBuffer::TrimCache() { return BufferCache::Global().Trim(); }
 
 std::string FormatHandle(uint64_t id) {
   char buf[32];
@@ -115,29 +248,17 @@ std::string HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
       return "source buffer is null but has " + std::to_string(bytes) +
              " bytes";
     }
-    void* p = AlignedAlloc(bytes);
-    if (p == nullptr) {
+    entry.data = HostBuffer::Allocate(bytes);
+    if (!entry.data.ok(bytes)) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.total_errors;
       return "out of host memory allocating " + std::to_string(bytes) +
              " bytes (host store holds " + std::to_string(stats_.live_bytes) +
              " bytes in " + std::to_string(stats_.live_entries) + " entries)";
     }
-    std::memcpy(p, data, bytes);
-    entry.data.reset(p);
+    std::memcpy(entry.data.data(), data, bytes);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t new_id = next_id_++;
-  ++issued_;
-  entries_.emplace(new_id, std::move(entry));
-  ++stats_.total_puts;
-  ++stats_.live_entries;
-  stats_.live_bytes += bytes;
-  if (stats_.live_bytes > stats_.peak_bytes) {
-    stats_.peak_bytes = stats_.live_bytes;
-  }
-  *id = new_id;
-  return {};
+  return Insert(std::move(entry.data), bytes, dtype_code, id);
 }
 
 std::string HostStore::UnknownHandleMessage(uint64_t id) const {
@@ -152,38 +273,83 @@ std::string HostStore::UnknownHandleMessage(uint64_t id) const {
          "(a handle from another process, a stale handle, or garbage)";
 }
 
+std::string HostStore::EraseChecked(uint64_t id, size_t bytes,
+                                    uint32_t dtype_code, bool need_dst,
+                                    Entry* out) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    ++stats_.total_errors;
+    return UnknownHandleMessage(id);
+  }
+  const Entry& e = it->second;
+  if (e.dtype_code != dtype_code || e.bytes != bytes) {
+    ++stats_.total_errors;
+    return "handle " + FormatHandle(id) + " holds " + std::to_string(e.bytes) +
+           " bytes of " + DtypeName(e.dtype_code) +
+           " in the host store but " + std::to_string(bytes) + " bytes of " +
+           DtypeName(dtype_code) +
+           " were requested (dtype or shape mismatch); the entry is kept";
+  }
+  if (bytes > 0 && !need_dst) {
+    ++stats_.total_errors;
+    return "destination buffer is null but " + std::to_string(bytes) +
+           " bytes were requested from the host store";
+  }
+  *out = std::move(it->second);
+  entries_.erase(it);
+  ++stats_.total_takes;
+  --stats_.live_entries;
+  stats_.live_bytes -= out->bytes;
+  return {};
+}
+
 std::string HostStore::Take(uint64_t id, void* dst, size_t bytes,
                             uint32_t dtype_code) {
   Entry entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) {
-      ++stats_.total_errors;
-      return UnknownHandleMessage(id);
-    }
-    const Entry& e = it->second;
-    if (e.dtype_code != dtype_code || e.bytes != bytes) {
-      ++stats_.total_errors;
-      return "handle " + FormatHandle(id) + " holds " +
-             std::to_string(e.bytes) + " bytes of " + DtypeName(e.dtype_code) +
-             " in the host store but " + std::to_string(bytes) +
-             " bytes of " + DtypeName(dtype_code) +
-             " were requested (dtype or shape mismatch); the entry is kept";
-    }
-    if (bytes > 0 && dst == nullptr) {
-      ++stats_.total_errors;
-      return "destination buffer is null but " + std::to_string(bytes) +
-             " bytes were requested from the host store";
-    }
-    entry = std::move(it->second);
-    entries_.erase(it);
-    ++stats_.total_takes;
-    --stats_.live_entries;
-    stats_.live_bytes -= entry.bytes;
+    std::string err =
+        EraseChecked(id, bytes, dtype_code, dst != nullptr, &entry);
+    if (!err.empty()) return err;
   }
   // Copy (and free, when `entry` goes out of scope) outside the lock.
-  if (bytes > 0) std::memcpy(dst, entry.data.get(), bytes);
+  if (bytes > 0) {
+    entry.data.WaitReady();
+    std::memcpy(dst, entry.data.data(), bytes);
+  }
+  return {};
+}
+
+std::string HostStore::Insert(HostBuffer buffer, size_t bytes,
+                              uint32_t dtype_code, uint64_t* id) {
+  Entry entry;
+  entry.data = std::move(buffer);
+  entry.bytes = bytes;
+  entry.dtype_code = dtype_code;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t new_id = next_id_++;
+  ++issued_;
+  entries_.emplace(new_id, std::move(entry));
+  ++stats_.total_puts;
+  ++stats_.live_entries;
+  stats_.live_bytes += bytes;
+  if (stats_.live_bytes > stats_.peak_bytes) {
+    stats_.peak_bytes = stats_.live_bytes;
+  }
+  BufferCache::Global().NoteLive(stats_.live_bytes);
+  *id = new_id;
+  return {};
+}
+
+std::string HostStore::Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
+                              HostBuffer* out) {
+  Entry entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string err = EraseChecked(id, bytes, dtype_code, true, &entry);
+    if (!err.empty()) return err;
+  }
+  *out = std::move(entry.data);
   return {};
 }
 
@@ -197,8 +363,13 @@ bool HostStore::Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const {
 }
 
 HostStoreStats HostStore::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  HostStoreStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+  }
+  BufferCache::Global().Stats(&s);
+  return s;
 }
 
 uint64_t HostStore::Clear() {
@@ -211,7 +382,9 @@ uint64_t HostStore::Clear() {
     stats_.live_bytes = 0;
     stats_.live_entries = 0;
   }
-  return freed;  // `doomed` frees the buffers outside the lock.
+  doomed.clear();  // frees the buffers (into the cache) outside the lock
+  HostBuffer::TrimCache();
+  return freed;
 }
 
 }  // namespace jaxmem

@@ -8,6 +8,12 @@
 // is never reused, so a handle that was already fetched, cleared, or that
 // came from another process is reported as an error instead of aliasing live
 // data. No operation crashes on a bad handle.
+//
+// The asynchronous copy engine (copy_engine.h, and the CUDA path in
+// jaxmem_cuda.cu) fills and drains entries outside the store: it allocates a
+// `HostBuffer`, copies into it on a worker thread or a copy stream, and only
+// then publishes it with `Insert`; a fetch `Remove`s the buffer first (so a
+// second fetch of the handle fails at once) and copies out of it afterwards.
 
 #ifndef JAXMEM_FFI_HOST_STORE_H_
 #define JAXMEM_FFI_HOST_STORE_H_
@@ -15,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +40,62 @@ struct HostStoreStats {
   uint64_t total_puts = 0;    // successful Put calls
   uint64_t total_takes = 0;   // successful Take calls
   uint64_t total_errors = 0;  // failed Put/Take calls
+  uint64_t cached_bytes = 0;  // freed heap buffers kept for reuse
+  uint64_t cache_hits = 0;    // allocations served from the cache
+  uint64_t cache_misses = 0;  // allocations that went to the system
+};
+
+// A host allocation owned by the store or by an in-flight copy. Move-only; the
+// deleter is a plain function so pinned (CUDA) and heap buffers share a type.
+//
+// Heap buffers come from a cache of freed ones (same size rounded up to 4 KiB,
+// best fit within 1/8): on the VMs we measured, first-touch page faults of a
+// fresh 16 MiB allocation cost 3-10x the memcpy itself. The cache holds at
+// most the store's high-water mark of bytes in use (and at most
+// $JAXMEM_HOST_CACHE_BYTES, default 8 GiB), so a training loop that offloads
+// the same sizes every step reuses warm memory; `HostStore::Clear` empties it.
+class HostBuffer {
+ public:
+  using Free = void (*)(void*, size_t);
+
+  HostBuffer() = default;
+  HostBuffer(void* data, size_t bytes, Free free)
+      : data_(data), bytes_(bytes), free_(free) {}
+  HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { Reset(); }
+
+  // A `kHostStoreAlignment`-aligned heap buffer of `bytes` bytes; an empty
+  // buffer (data() == nullptr) when `bytes` is 0 or the allocation failed
+  // (check `ok()`).
+  static HostBuffer Allocate(size_t bytes);
+
+  bool ok(size_t want_bytes) const { return want_bytes == 0 || data_ != nullptr; }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+  // For buffers written asynchronously (a CUDA copy stream): called before
+  // the host reads the bytes (`HostStore::Take`), e.g. an event synchronize.
+  void set_wait_ready(std::function<void()> f) { wait_ready_ = std::move(f); }
+  void WaitReady() {
+    if (wait_ready_) {
+      wait_ready_();
+      wait_ready_ = nullptr;
+    }
+  }
+
+  void Reset();
+
+  // Frees every cached heap buffer; returns the bytes released.
+  static uint64_t TrimCache();
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Free free_ = nullptr;
+  std::function<void()> wait_ready_;
 };
 
 class HostStore {
@@ -58,6 +121,17 @@ class HostStore {
   // entry is kept (a corrected retry can still succeed).
   std::string Take(uint64_t id, void* dst, size_t bytes, uint32_t dtype_code);
 
+  // Publishes a filled buffer as a new entry of `bytes` bytes of `dtype_code`
+  // (the buffer may be larger, e.g. a pooled pinned block). Never fails today;
+  // returns an error message for symmetry with `Put`.
+  std::string Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
+                     uint64_t* id);
+
+  // Validates entry `id` like `Take` and moves its buffer to `*out` without
+  // copying. The handle is consumed at once: a second Remove/Take fails.
+  std::string Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
+                     HostBuffer* out);
+
   // Looks up the size and dtype of a live entry without removing it.
   bool Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const;
 
@@ -67,16 +141,17 @@ class HostStore {
   uint64_t Clear();
 
  private:
-  struct AlignedFree {
-    void operator()(void* p) const { std::free(p); }
-  };
   struct Entry {
-    std::unique_ptr<void, AlignedFree> data;  // null when bytes == 0
+    HostBuffer data;  // empty when bytes == 0
     size_t bytes = 0;
     uint32_t dtype_code = 0;
   };
 
   std::string UnknownHandleMessage(uint64_t id) const;  // requires mu_
+  // Checks entry `id` against a request and erases it into `*out`; requires
+  // mu_. Returns an error message (and keeps the entry) on a mismatch.
+  std::string EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
+                           bool need_dst, Entry* out);
 
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;
@@ -85,6 +160,11 @@ class HostStore {
   uint64_t issued_ = 0;
   HostStoreStats stats_;
 };
+
+// A random 64-bit id in [2^62, 2^63) to start a never-reused counter at (host
+// store handles, copy tickets): ids from another process or counter are
+// recognised as foreign, not confused with live ones.
+uint64_t RandomFirstId();
 
 // Formats a handle as 0x%016x.
 std::string FormatHandle(uint64_t id);

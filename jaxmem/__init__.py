@@ -10,7 +10,9 @@ Trace -> lifetimes -> plan -> rewrite -> verify:
 65536.0
 """
 
+from jaxmem import dsa
 from jaxmem._src import native
+from jaxmem._src.arena import ArenaStats, HostArena
 from jaxmem._src.blocks import Block
 from jaxmem._src.budget import BudgetSpec, parse_budget
 from jaxmem._src.compare import Comparison, compare
@@ -21,6 +23,7 @@ from jaxmem._src.lifetimes import Profile
 from jaxmem._src.plan import Action, Decision, Plan
 from jaxmem._src.planners import PLANNERS, get_planner
 from jaxmem._src.schedule import Schedule
+from jaxmem._src.simulate import Simulation, simulate
 from jaxmem._src.trace import Op, Program, Role, VarInfo, analyze
 from jaxmem._src.verify import CompiledMemory, compiled_memory
 
@@ -46,11 +49,13 @@ def plan(fun, *args, budget, planner="auto", device=None):  # noqa: ANN001, ANN2
 
 
 __all__ = [
-    "Action", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory", "Decision",
-    "DeviceProfile", "compare",
-    "FitResult", "Fitted", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile", "Program",
+    "Action", "ArenaStats", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
+    "Decision", "DeviceProfile", "compare",
+    "FitResult", "Fitted", "HostArena", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile",
+    "Program",
     "Role", "Schedule", "VarInfo", "analyze", "compiled_memory", "device_profile", "fit",
-    "format_bytes", "get_planner", "native", "parse_budget", "plan",
+    "dsa", "format_bytes", "get_planner", "native", "parse_budget", "plan", "Simulation",
+    "simulate",
 ]
 
 __version__ = "0.1.0"

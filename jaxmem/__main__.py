@@ -1,4 +1,5 @@
-"""Command line: ``python -m jaxmem demo`` and ``python -m jaxmem report MODULE:FACTORY``."""
+"""Command line: ``python -m jaxmem demo``, ``python -m jaxmem report MODULE:FACTORY`` and
+``python -m jaxmem dsa IN.csv``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="budget: bytes, '800MiB', or a fraction of the unplanned peak (default 0.5)")
   from jaxmem._src.cli import add_report_parser
   add_report_parser(sub)
+  from jaxmem._src.dsa import add_dsa_parser
+  add_dsa_parser(sub)
   args = parser.parse_args(argv)
   if args.command == "demo":
     from jaxmem._src.demo import run_demo
@@ -30,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "report":
     from jaxmem._src.cli import main_report
     return main_report(args)
+  if args.command == "dsa":
+    from jaxmem._src.dsa import main_dsa
+    return main_dsa(args)
   return 2  # pragma: no cover
 
 

@@ -58,7 +58,10 @@ def _conv(eqn: Any) -> float:
   return 2.0 * _size(eqn.outvars[0].aval) * in_feat * spatial
 
 
-_OPAQUE = {"scan", "while", "cond", "checkpoint", "remat", "remat2", "custom_lin", "shard_map"}
+_OPAQUE = {"scan", "while", "cond", "checkpoint", "remat", "remat2", "custom_lin", "shard_map",
+           # calls whose body runs once where they stand
+           "pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+           "custom_vjp_call_jaxpr"}
 # Primitives whose params hold a scalar combiner jaxpr, not a body to run: one
 # combiner application per output element (the default rule).
 _COMBINERS = {"scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min",
@@ -141,12 +144,43 @@ class DeviceProfile:
     return nbytes / self.host_bytes_per_s
 
 
+def _body_seconds(eqn: Any, profile: DeviceProfile) -> float | None:
+  """Time of an op with a body (scan, remat, cond...): its equations' times, ``None`` otherwise."""
+  name = eqn.primitive.name
+  if name in _COMBINERS:
+    return None
+  subs = _compat.sub_jaxprs(eqn)
+  if not subs:
+    return None
+  from jaxmem._src.xla_model import FUSION_RULES, Fusion
+  fusible = (Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW)
+
+  def body_time(j: Any) -> float:
+    # As at top level: an elementwise result read only inside the body is fused
+    # into its consumer; the body's results are stored.
+    outs = {id(v) for v in j.outvars}
+    return sum(eqn_seconds(e, profile, fused=FUSION_RULES.get(e.primitive.name) in fusible
+                           and not any(id(v) in outs for v in e.outvars))
+               for e in j.eqns)
+
+  per_body = [body_time(j) for j in subs]
+  if name == "cond":
+    return max(per_body)            # one branch runs; price the slowest
+  trips = eqn.params.get("length", 1) if name == "scan" else 1
+  return float(sum(per_body)) * trips
+
+
 def eqn_seconds(eqn: Any, profile: DeviceProfile, *, fused: bool = False) -> float:
   """Roofline time of one equation: ``max(FLOPs / rate, bytes / bandwidth) + overhead``.
 
   ``fused``: XLA fuses the op into its consumer, so it moves no bytes of its
-  own and costs no launch (only its arithmetic).
+  own and costs no launch (only its arithmetic). An op with a body (``scan``,
+  ``jax.checkpoint``, ``cond``...) costs the time of the equations inside it
+  (a loop body times its trip count, the slowest ``cond`` branch).
   """
+  body = _body_seconds(eqn, profile)
+  if body is not None:
+    return body
   flops = eqn_flops(eqn)
   name = eqn.primitive.name
   if name in _MATRIX_UNITS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -21,6 +22,7 @@ from jaxmem._src import rewrite
 from jaxmem._src.errors import BudgetError, format_bytes
 from jaxmem._src.plan import Plan
 from jaxmem._src.planners import get_planner
+from jaxmem._src.schedule import COPY_MODES, window_bytes
 from jaxmem._src.trace import Program, arg_names_of, check_array_args
 from jaxmem._src.verify import CompiledMemory, compiled_memory
 
@@ -113,7 +115,8 @@ class Fitted:
                planner: Any = "auto", device: Any = None,
                static_argnums: int | Sequence[int] = (),
                donate_argnums: int | Sequence[int] = (),
-               max_rounds: int = 4, verbose: bool = False, compiler_fallback: bool = False):
+               max_rounds: int = 4, verbose: bool = False, compiler_fallback: bool = False,
+               copies: str = "sync", window: int | float | None = None):
     if not callable(fun):
       raise TypeError(f"`jaxmem.fit(...)` decorates a callable step, got {type(fun).__name__}.")
     self.fun = fun
@@ -129,6 +132,8 @@ class Fitted:
     if max_rounds < 1:
       raise ValueError(f"`max_rounds` must be >= 1, got {max_rounds}.")
     self.max_rounds = max_rounds
+    self.copies, self.window = _check_copies(copies, window)
+    self._planner_takes_copies = _accepts(self.planner, "copies", "window")
     self.verbose = verbose
     self.compiler_fallback = compiler_fallback
     self._cache: dict[Any, _Entry] = {}
@@ -230,7 +235,7 @@ class Fitted:
     def attempt(target: int, options: dict[str, Any]) -> _Attempt:
       target = max(0, int(target))
       if target not in plans:
-        plans[target] = self.planner(program, target, self.device)
+        plans[target] = self._plan(program, target)
       plan = plans[target]
       jitted = self._planned_jit(program, plan, donate, options)
       compiled = jitted.lower(*dyn).compile()
@@ -283,6 +288,16 @@ class Fitted:
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     return _Entry(result, found.jitted, found.compiled)
 
+  def _plan(self, program: Program, target: int) -> Plan:
+    """The planner's plan for ``target``, with this step's copy mode."""
+    if self._planner_takes_copies:
+      return self.planner(program, target, self.device, copies=self.copies, window=self.window)
+    plan = self.planner(program, target, self.device)
+    # A planner that knows nothing of windows priced synchronous copies: the
+    # asynchronous schedule stays within its target (windows are bounded by
+    # it), and the compiled peak is verified as always.
+    return dataclasses.replace(plan, copies=self.copies, window=self.window)
+
   @staticmethod
   def _planned_jit(program: Program, plan: Plan, donate: tuple[int, ...],
                    compiler_options: dict[str, Any] | None = None) -> Any:
@@ -306,6 +321,24 @@ def _as_tuple(x: int | Sequence[int], name: str) -> tuple[int, ...]:
   if not all(isinstance(i, int) for i in out):
     raise TypeError(f"`{name}` must be an int or a sequence of ints, got {x!r}.")
   return out
+
+
+def _check_copies(copies: str, window: int | float | None) -> tuple[str, int | float | None]:
+  if copies not in COPY_MODES:
+    raise ValueError(f"`copies` must be one of {COPY_MODES}, got {copies!r}.")
+  if window is not None:
+    window_bytes(window, 1)   # raises a ValueError that says what a window is
+  return copies, window
+
+
+def _accepts(fn: Callable[..., Any], *names: str) -> bool:
+  try:
+    params = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    return True
+  return all(n in params for n in names)
 
 
 def _hard_floor(program: Program, donate: tuple[int, ...]) -> int:
@@ -333,7 +366,8 @@ def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
 def fit(budget: budget_lib.Budget, *, planner: Any = "auto", device: Any = None,
         static_argnums: int | Sequence[int] = (), donate_argnums: int | Sequence[int] = (),
         max_rounds: int = 4, verbose: bool = False,
-        compiler_fallback: bool = False) -> Callable[[Callable[..., Any]], Fitted]:
+        compiler_fallback: bool = False, copies: str = "sync",
+        window: int | float | None = None) -> Callable[[Callable[..., Any]], Fitted]:
   """Decorator: make a step's compiled peak fit ``budget``.
 
   Args:
@@ -349,6 +383,21 @@ def fit(budget: budget_lib.Budget, *, planner: Any = "auto", device: Any = None,
     compiler_fallback: when no plan fits with XLA's default options, also try
       leaner lowerings (on the CPU: without YNNPACK fusions). Results then
       differ from plain ``jax.jit`` in the last bits; off by default.
+    copies: ``"sync"`` (default): each offload/fetch is one custom call that
+      copies while computation waits. ``"async"``: a start and a done per copy
+      (a worker thread on the CPU, copy streams on CUDA builds); the copy
+      overlaps the computation between them, and the window costs memory
+      that the planner keeps within the budget (paper 001 §3). The copies
+      are exact: the same plan gives the same values either way (up to the
+      last-bit fusion differences any custom call boundary can cause).
+      ``"sync"`` stays the default because on a CPU whose cores all compute,
+      the worker only competes with the computation (bench/overlap.py:
+      async/sync 0.98-1.04 there); with a core of its own (``taskset`` plus
+      ``JAXMEM_COPY_CPUS``, as a GPU's copy engines are separate hardware)
+      ``"async"`` measured 0.87 on a copy-heavy step, 0.96 on the GPT example.
+    window: how far apart an asynchronous copy's start and done may be:
+      ``int`` bytes computed in between (paper 001's schedule-window), or a
+      ``float`` multiple of the bytes the copy moves; default 1.0.
 
   Returns:
     A decorator producing a :class:`Fitted` step.
@@ -369,10 +418,11 @@ def fit(budget: budget_lib.Budget, *, planner: Any = "auto", device: Any = None,
                     "`jaxmem.fit(0.5)(step)`, not `@jaxmem.fit`.")
   spec = budget_lib.parse_budget(budget)
   get_planner(planner)
+  _check_copies(copies, window)
 
   def deco(fun: Callable[..., Any]) -> Fitted:
     return Fitted(fun, spec, planner=planner, device=device, static_argnums=static_argnums,
                   donate_argnums=donate_argnums, max_rounds=max_rounds, verbose=verbose,
-                  compiler_fallback=compiler_fallback)
+                  compiler_fallback=compiler_fallback, copies=copies, window=window)
 
   return deco

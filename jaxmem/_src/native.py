@@ -1,6 +1,6 @@
-"""Python side of jaxmem's native extension (XLA FFI custom calls, CPU).
+"""Python side of jaxmem's native extension (XLA FFI custom calls).
 
-Three side-effecting custom calls implemented in ``ffi/jaxmem_ffi.cc``:
+Side-effecting custom calls implemented in ``ffi/jaxmem_ffi.cc``:
 
 * :func:`fence` -- ``fence(x, dep) -> x``: an identity that aliases ``x``
   (``input_output_aliases={0: 0}``) and is ordered after ``dep``. XLA can
@@ -14,12 +14,41 @@ Three side-effecting custom calls implemented in ``ffi/jaxmem_ffi.cc``:
   match what was offloaded, fails with an ``INVALID_ARGUMENT`` runtime error
   (``jax.errors.JaxRuntimeError``) mentioning the host store -- never a crash.
 
+Window-scheduled asynchronous copies (DESIGN.md, "Native extension"; paper
+001, Hayakawa et al., §3), run by worker threads of ``ffi/copy_engine.cc`` on
+the CPU and by copy streams on CUDA builds (``JAXMEM_CUDA=1``):
+
+* :func:`offload_start` -- ``offload_start(x) -> ticket``: queues a copy of
+  ``x`` to host memory and returns at once.
+* :func:`offload_done` -- ``offload_done(x, ticket, dep) -> handle``: waits
+  for that copy (after ``dep``) and returns the host store handle. That the
+  done reads ``x`` is what keeps the source allocated (and unwritten) while
+  the copy is in flight; XLA may reuse its memory after the done. (DESIGN.md
+  sketched an aliased output ``x_keep`` instead: measured, XLA's copy
+  insertion then copies ``x`` whenever another reader of it is not provably
+  ordered before the start, doubling its bytes for the window.)
+* :func:`fetch_start` -- ``fetch_start(handle, dep) -> (buf, ticket)``: takes
+  the entry out of the host store (after ``dep``) and queues its copy into
+  ``buf``, a fresh buffer XLA allocates here.
+* :func:`fetch_done` -- ``fetch_done(buf, ticket, dep) -> x``: waits for it;
+  ``x`` aliases ``buf``.
+
+The distance between a start and its done is the window in which the copy
+overlaps computation. Tickets, like handles, are ``uint32[2]`` words of a
+never-reused 64-bit id: a stale, foreign or wrong-kind ticket, like a bad
+handle, fails the execution with a ``jax.errors.JaxRuntimeError`` -- never a
+crash. :func:`copy_stats` reports outstanding tickets; :func:`store_clear`
+also frees tickets orphaned by a failed execution (see ``copy_engine.h``).
+
 The FFI targets are registered for the ``cpu`` platform when this module is
-imported. None of the ops has a JVP/transpose rule: they are inserted into an
+imported, and for ``CUDA`` too when the extension was built with the CUDA
+toolkit (:data:`WITH_CUDA`). None of the ops has a JVP/transpose rule: they are inserted into an
 already differentiated step by the rewrite, not differentiated through.
 Under ``jax.vmap``, ``fence`` runs once on the broadcast operands (an unbatched
 ``dep`` is materialised at batch size) and ``offload``/``fetch`` loop over the
-batch (one handle per element: handles get shape ``(batch, 2)``).
+batch (one handle per element: handles get shape ``(batch, 2)``). The
+asynchronous ops do not support ``vmap``: a copy in flight would outlive the
+loop iteration that owns its buffer.
 """
 
 from __future__ import annotations
@@ -77,12 +106,22 @@ __all__ = [
     "HANDLE_DTYPE",
     "HANDLE_SHAPE",
     "TARGET_PREFIX",
+    "WITH_CUDA",
+    "CopyStats",
     "StoreStats",
+    "copy_drain",
+    "copy_stats",
     "fence",
     "fetch",
+    "fetch_done",
+    "fetch_start",
     "handle_id",
     "offload",
+    "offload_done",
+    "offload_start",
     "register",
+    "set_copy_cpus",
+    "set_copy_threads",
     "store_clear",
     "store_stats",
 ]
@@ -93,13 +132,20 @@ HANDLE_SHAPE: tuple[int, ...] = (2,)
 HANDLE_DTYPE = jnp.uint32
 #: FFI target names are ``TARGET_PREFIX + name`` (``jaxmem_fence`` ...).
 TARGET_PREFIX = "jaxmem_"
+#: Whether the extension was built with the CUDA copy-stream handlers.
+WITH_CUDA: bool = bool(getattr(_native, "WITH_CUDA", False))
 
 _register_lock = threading.Lock()
 _registered: bool = False
 
 
 def register() -> None:
-  """Registers the native FFI targets with XLA (CPU) once; idempotent."""
+  """Registers the native FFI targets with XLA once; idempotent.
+
+  CPU always; CUDA as well when the extension has CUDA handlers
+  (:data:`WITH_CUDA`) -- registering for a platform that this jaxlib does not
+  have is skipped, not an error.
+  """
   global _registered
   with _register_lock:
     if _registered:
@@ -107,6 +153,12 @@ def register() -> None:
     for name, capsule in _native.registrations().items():
       jax.ffi.register_ffi_target(
           TARGET_PREFIX + name, capsule, platform="cpu")
+    for name, capsule in _native.cuda_registrations().items():
+      try:
+        jax.ffi.register_ffi_target(
+            TARGET_PREFIX + name, capsule, platform="CUDA")
+      except Exception:  # pylint: disable=broad-except  # pragma: no cover
+        pass  # no CUDA plugin in this jaxlib: the CPU handlers still work
     _registered = True
 
 
@@ -121,6 +173,10 @@ class StoreStats:
     total_puts: Successful offloads / ``store_put`` calls.
     total_takes: Successful fetches / ``store_take`` calls.
     total_errors: Failed puts/takes (bad handle, size or dtype mismatch).
+    cached_bytes: Freed host buffers kept for reuse (first-touch page faults
+      of fresh memory cost more than the copy; see ``ffi/host_store.h``).
+    cache_hits: Host allocations served from that cache.
+    cache_misses: Host allocations that went to the system allocator.
   """
 
   live_entries: int
@@ -129,6 +185,9 @@ class StoreStats:
   total_puts: int
   total_takes: int
   total_errors: int
+  cached_bytes: int = 0
+  cache_hits: int = 0
+  cache_misses: int = 0
 
 
 def store_stats() -> StoreStats:
@@ -137,14 +196,90 @@ def store_stats() -> StoreStats:
 
 
 def store_clear() -> int:
-  """Frees every entry of the host store.
+  """Frees every entry of the host store and every outstanding copy ticket.
 
-  Handles of the freed entries become stale: fetching them fails.
+  Waits for copies in flight first. Handles and tickets of the freed entries
+  become stale: fetching or finishing them fails. Do not call it while a step
+  that uses the store runs in another thread.
 
   Returns:
     The number of payload bytes freed.
   """
-  return int(_native.store_clear())
+  return int(_native.store_clear()) + int(_native.copy_clear())
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyStats:
+  """Counters of the asynchronous copy engine.
+
+  Attributes:
+    threads: Worker threads (0: copies run inline in their start op).
+    cpus: CPUs the workers are pinned to (empty: not pinned).
+    outstanding: Tickets issued by a start and not yet finished by a done
+      (0 after every complete step; tickets of a failed execution stay here
+      until :func:`store_clear`).
+    in_flight: Copies queued or running.
+    total_started: Successful start ops.
+    total_finished: Successful done ops.
+    total_errors: Failed start/done ops.
+    stolen: Copies a done ran itself because no worker had started them
+      (with every core computing, that is quicker than waiting for one).
+    bytes_copied: Payload bytes moved (by workers, or by stealing dones).
+    copy_seconds: Time the workers spent copying.
+    wait_seconds: Time done ops spent blocked on their copy: the part of
+      ``copy_seconds`` the window did not hide.
+  """
+
+  threads: int
+  cpus: tuple[int, ...]
+  outstanding: int
+  in_flight: int
+  total_started: int
+  total_finished: int
+  total_errors: int
+  stolen: int
+  bytes_copied: int
+  copy_seconds: float
+  wait_seconds: float
+
+
+def copy_stats() -> CopyStats:
+  """Returns a snapshot of the copy engine's counters."""
+  d = _native.copy_stats()
+  return CopyStats(**{k: (tuple(int(c) for c in v) if k == "cpus" else
+                          float(v) if k.endswith("seconds") else int(v)) for k, v in d.items()})
+
+
+def copy_drain() -> None:
+  """Blocks until every asynchronous copy queued so far has finished."""
+  _native.copy_drain()
+
+
+def set_copy_threads(n: int) -> None:
+  """Sets the copy engine's worker threads (default 1, or ``$JAXMEM_COPY_THREADS``).
+
+  ``0`` runs each copy inline in its start op, which makes the asynchronous ops
+  as slow as the synchronous ones (useful to measure what overlap buys).
+  """
+  if not isinstance(n, int) or n < 0:
+    raise ValueError(f"`n` must be a non-negative int, got {n!r}")
+  _native.set_copy_threads(n)
+
+
+def set_copy_cpus(cpus: Any) -> None:
+  """Pins the copy workers to ``cpus`` (Linux; default ``$JAXMEM_COPY_CPUS``, e.g. ``"1"``).
+
+  XLA:CPU sizes its compute thread pool from the process's CPU affinity, and
+  every core it has computes: a copy worker on one of them competes with the
+  computation it should overlap. ``taskset -c 0 python step.py`` with
+  ``JAXMEM_COPY_CPUS=1`` gives the copies a core of their own (a worker may be
+  pinned outside the process's mask), as a GPU's copy engines are separate
+  hardware. An empty sequence removes the pinning.
+
+  Raises:
+    ValueError: if the system refuses one of the CPUs.
+  """
+  _native.set_copy_cpus([int(c) for c in cpus])
 
 
 def _as_array(x: Any) -> Any:
@@ -229,6 +364,117 @@ def fetch(handle: Any, dep: Any, *, shape: tuple[int, ...] | Any,
       has_side_effect=True,
       vmap_method="sequential",
   )(handle, dep)
+
+
+_NO_DEP = np.zeros((), np.uint8)
+
+
+def _check_words(x: Any, what: str, op: str) -> jax.Array:
+  x = _as_array(x)
+  if tuple(x.shape) != HANDLE_SHAPE or x.dtype != HANDLE_DTYPE:
+    raise TypeError(
+        f"jaxmem {op}: a {what} must be {np.dtype(HANDLE_DTYPE).name}"
+        f"{list(HANDLE_SHAPE)}, got {x.dtype}{list(x.shape)}")
+  return x
+
+
+def offload_start(x: Any) -> jax.Array:
+  """Starts copying ``x`` to host memory; returns a ``uint32[2]`` ticket at once.
+
+  Args:
+    x: The array to stage (any shape, any byte-sized dtype). Pass the same
+      array to :func:`offload_done`: that read keeps it allocated meanwhile.
+
+  Returns:
+    A ``uint32[2]`` ticket for :func:`offload_done`.
+  """
+  x = _as_array(x)
+  return jax.ffi.ffi_call(
+      TARGET_PREFIX + "offload_start",
+      jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
+      has_side_effect=True,
+  )(x)
+
+
+def offload_done(x: Any, ticket: Any, dep: Any = None) -> jax.Array:
+  """Waits (after ``dep``) for the copy of :func:`offload_start`; returns its handle.
+
+  Args:
+    x: The array passed to :func:`offload_start`.
+    ticket: The ticket it returned.
+    dep: Any array; the done runs after it is computed (``None``: no order).
+
+  Returns:
+    A ``uint32[2]`` host store handle for :func:`fetch` / :func:`fetch_start`.
+
+  Raises:
+    jax.errors.JaxRuntimeError: At run time for a stale, foreign or fetch
+      ticket, or when ``x`` is not the buffer the copy read (the start and the
+      done ran in different computations and XLA copied ``x``).
+  """
+  x = _as_array(x)
+  ticket = _check_words(ticket, "ticket", "offload_done")
+  dep = _NO_DEP if dep is None else _as_array(dep)
+  return jax.ffi.ffi_call(
+      TARGET_PREFIX + "offload_done",
+      jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
+      has_side_effect=True,
+  )(x, ticket, dep)
+
+
+def fetch_start(handle: Any, dep: Any, *, shape: tuple[int, ...] | Any,
+                dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """Starts copying an offloaded array back (after ``dep``); returns ``(buf, ticket)``.
+
+  The entry leaves the host store here: a second fetch of ``handle`` fails.
+
+  Args:
+    handle: A ``uint32[2]`` handle from :func:`offload` or :func:`offload_done`.
+    dep: Any array; the fetch starts after it is computed.
+    shape: Shape of the offloaded array.
+    dtype: Dtype of the offloaded array.
+
+  Returns:
+    ``buf``, the destination being filled (pass it to :func:`fetch_done`,
+    never read it directly), and a ``uint32[2]`` ticket.
+
+  Raises:
+    jax.errors.JaxRuntimeError: At run time, as :func:`fetch`.
+  """
+  handle = _check_words(handle, "handle", "fetch_start")
+  dep = _as_array(dep)
+  return tuple(jax.ffi.ffi_call(
+      TARGET_PREFIX + "fetch_start",
+      (jax.ShapeDtypeStruct(tuple(shape), dtype),
+       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE)),
+      has_side_effect=True,
+  )(handle, dep))
+
+
+def fetch_done(buf: Any, ticket: Any, dep: Any = None) -> jax.Array:
+  """Waits (after ``dep``) for the copy of :func:`fetch_start`; returns the array.
+
+  Args:
+    buf: The first output of :func:`fetch_start`.
+    ticket: Its second output.
+    dep: Any array; the done runs after it is computed (``None``: no order).
+
+  Returns:
+    The fetched array (an alias of ``buf``).
+
+  Raises:
+    jax.errors.JaxRuntimeError: At run time for a stale, foreign or offload
+      ticket, or when XLA moved ``buf`` while the copy was in flight.
+  """
+  buf = _as_array(buf)
+  ticket = _check_words(ticket, "ticket", "fetch_done")
+  dep = _NO_DEP if dep is None else _as_array(dep)
+  return jax.ffi.ffi_call(
+      TARGET_PREFIX + "fetch_done",
+      jax.ShapeDtypeStruct(buf.shape, buf.dtype),
+      has_side_effect=True,
+      input_output_aliases={0: 0},
+  )(buf, ticket, dep)
 
 
 def handle_id(handle: Any) -> int:

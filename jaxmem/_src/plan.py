@@ -50,6 +50,12 @@ class Plan:
     planner: planner name.
     pinned: kept activations materialized by a fence right after their
       definition (see :func:`~jaxmem._src.schedule.build_schedule`).
+    copies: ``"sync"`` (one blocking custom call per copy) or ``"async"``
+      (a start and a done per copy, placed by
+      :func:`~jaxmem._src.schedule.async_copies` within ``target_bytes``).
+    window: the asynchronous copies' window: ``int`` bytes computed between a
+      start and its done, ``float`` a multiple of the bytes copied, ``None``
+      the default (:data:`~jaxmem._src.schedule.DEFAULT_WINDOW`).
   """
   program: Any
   decisions: tuple[Decision, ...]
@@ -58,6 +64,8 @@ class Plan:
   unplanned_estimate_bytes: int
   planner: str
   pinned: tuple[int, ...] = ()
+  copies: str = "sync"
+  window: int | float | None = None
 
   @property
   def num_remat(self) -> int:
@@ -84,7 +92,9 @@ class Plan:
   def schedule(self) -> Any:
     """The program with the plan applied, as a list of steps."""
     from jaxmem._src import schedule
-    return schedule.build_schedule(self.program, self.decisions, self.pinned)
+    return schedule.build_schedule(self.program, self.decisions, self.pinned,
+                                   copies=self.copies, window=self.window,
+                                   budget=self.target_bytes)
 
   def to_perfetto(self, path: str | None = None, *, device: Any = None) -> dict:
     """Chrome/Perfetto trace JSON of the schedule (compute and copy threads)."""
@@ -97,7 +107,8 @@ class Plan:
         f"Plan ({self.planner}): {len(self.decisions)} decisions — "
         f"{self.num_remat} remat ({self.recomputed_ops} ops recomputed), "
         f"{self.num_offload} offload ({format_bytes(self.offloaded_bytes)} staged to host), "
-        f"{len(self.pinned)} pinned, {self.substituted_ops} lowering substitutions",
+        f"{len(self.pinned)} pinned, {self.substituted_ops} lowering substitutions"
+        + (", async copies" if self.copies == "async" and self.num_offload else ""),
         f"  estimated peak: {format_bytes(self.unplanned_estimate_bytes)} unplanned -> "
         f"{format_bytes(self.estimated_peak_bytes)} planned (target {format_bytes(self.target_bytes)})",
     ]

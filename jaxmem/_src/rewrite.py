@@ -2,7 +2,8 @@
 
 The program's equations are re-bound one by one (like ``jax.core.eval_jaxpr``),
 with their source info kept, and the schedule's fences, offloads and fetches
-bound as jaxmem FFI calls. The result is an ordinary JAX function of the flat
+(synchronous, or the start/done halves of asynchronous copies) bound as jaxmem
+FFI calls. The result is an ordinary JAX function of the flat
 step arguments; ``jax.jit`` compiles it.
 """
 
@@ -53,6 +54,15 @@ def schedule_function(schedule: Schedule, substitute: bool = True) -> Callable[.
       elif step.kind is StepKind.FETCH:
         aval = program.vars[step.var].aval
         outs = [native.fetch(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype)]
+      elif step.kind is StepKind.OFFLOAD_START:
+        outs = [native.offload_start(ins[0])]
+      elif step.kind is StepKind.OFFLOAD_DONE:
+        outs = [native.offload_done(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
+      elif step.kind is StepKind.FETCH_START:
+        aval = program.vars[step.var].aval
+        outs = list(native.fetch_start(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype))
+      elif step.kind is StepKind.FETCH_DONE:
+        outs = [native.fetch_done(ins[0], ins[1], ins[2])]
       elif step.kind is StepKind.FENCE:
         outs = [native.fence(ins[0], ins[1])]
       elif step.kind is StepKind.PIN:

@@ -204,10 +204,51 @@ def position_profile(program: Any, decisions: Sequence[Decision] = (),
 
 
 def finish(program: Any, decisions: Iterable[Decision], budget_bytes: int, name: str,
-           pinned: Sequence[int] | None = None) -> Plan:
+           pinned: Sequence[int] | None = None, *, copies: str = "sync",
+           window: int | float | None = None) -> Plan:
   """The plan of ``decisions`` with its estimated peak (same estimator for every planner)."""
   decisions = tuple(decisions)
   pinned = base_pins(program) if pinned is None else tuple(pinned)
-  prof = build_schedule(program, decisions, pinned).profile()
-  return Plan(program, decisions, int(budget_bytes), prof.peak_bytes,
-              program.profile.peak_bytes, name, pinned)
+  plan = Plan(program, decisions, int(budget_bytes), 0, program.profile.peak_bytes, name, pinned,
+              copies, window)
+  peak = plan.schedule().profile().peak_bytes
+  return dataclasses.replace(plan, estimated_peak_bytes=peak)
+
+
+HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def forward_heavy_ops(program: Any) -> list[int]:
+  """Forward matmuls and convolutions: the "layers" of vDNN and Layrub (one heavy op each)."""
+  return [op.index for op in program.ops if op.primitive in HEAVY and op.phase is Phase.FORWARD]
+
+
+def residual_gaps(program: Any, min_bytes: int = 1) -> list[Gap]:
+  """The gap of every value saved for the backward pass: last forward use to first backward use."""
+  out = []
+  for vid in candidate_vars(program, min_bytes):
+    for g in gaps_of(program, vid):
+      if g.forward_to_backward and _compat.is_plain_array_aval(program.vars[vid].aval):
+        out.append(g)
+        break
+  return out
+
+
+def device_window(device: Any) -> float:
+  """A window (a multiple of the bytes copied) that covers a copy's time with computation.
+
+  ``async_copies`` counts a window in bytes computed; on a device that
+  computes ``M`` bytes/s and copies ``B`` bytes/s, covering a copy of ``N``
+  bytes takes about ``N * M / B`` bytes of memory-bound computation.
+  """
+  dev = cost.device_profile(device)
+  if not dev.memory_bytes_per_s:
+    return 1.0
+  return max(1.0, dev.memory_bytes_per_s / dev.host_bytes_per_s)
+
+
+def op_times(program: Any, device: Any) -> np.ndarray:
+  """Start time of every op (and the end, last entry) when nothing stalls, on ``device``."""
+  from jaxmem._src.simulate import op_seconds
+  dt = op_seconds(program, device)
+  return np.concatenate([[0.0], np.cumsum(dt)])

@@ -143,7 +143,8 @@ def _decide(state: _State, program: Any, vid: int, a: int, b: int, dev: Any, op_
 
 def greedy(program: Any, budget_bytes: int, device: Any = None, *,
            min_bytes: int | None = None, max_chain: int = 8,
-           allow_remat: bool = True, allow_offload: bool = True) -> Plan:
+           allow_remat: bool = True, allow_offload: bool = True,
+           copies: str = "sync", window: int | float | None = None) -> Plan:
   """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
 
   Args:
@@ -154,6 +155,11 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
     min_bytes: ignore values smaller than this (default: 0.1% of the peak).
     max_chain: most ops one remat may re-execute.
     allow_remat, allow_offload: restrict the actions.
+    copies: ``"sync"`` or ``"async"``: how offloads are scheduled. The plan is
+      priced with that schedule, so asynchronous windows (which keep sources
+      and destinations allocated longer) count against the target and never
+      push the estimate over it (paper 001 §3).
+    window: the asynchronous copies' window (see :class:`jaxmem.Plan`).
 
   Returns:
     A :class:`jaxmem.Plan`. Its ``estimated_peak_bytes`` may stay above the
@@ -176,7 +182,8 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
                 and v.nbytes >= min_bytes and v.uses]
   rejected: set[tuple[int, int, int]] = set()
   pinned = pins(program)
-  schedule = build_schedule(program, (), pinned)
+  sched_opts = dict(copies=copies, window=window, budget=int(budget_bytes))
+  schedule = build_schedule(program, (), pinned, **sched_opts)
   prof = schedule.profile()
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)
@@ -214,7 +221,7 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
       freed += d.nbytes
     if not freed:
       continue
-    schedule = build_schedule(program, state.decisions, pinned)
+    schedule = build_schedule(program, state.decisions, pinned, **sched_opts)
     prof = schedule.profile()
   return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
-              "greedy", pinned)
+              "greedy", pinned, copies, window)

@@ -49,7 +49,8 @@ LAST = MILPResult()
 def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s: float = 20.0,
             min_bytes: int | None = None, max_chain: int = 8, rounds: int = 4,
             allow_remat: bool = True, allow_offload: bool = True,
-            offload_cost: Any = None) -> Plan:
+            offload_cost: Any = None, copies: str = "sync",
+            window: int | float | None = None) -> Plan:
   """Cheapest remat/offload plan whose estimated peak is at most ``budget_bytes`` (MILP).
 
   Args:
@@ -64,6 +65,7 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     allow_remat, allow_offload: restrict the actions.
     offload_cost: optional ``f(gap, pricer) -> seconds`` (default: both copies
       synchronous, :meth:`Pricer.offload_seconds`).
+    copies, window: how the plan's copies are scheduled (see :class:`jaxmem.Plan`).
 
   Returns:
     A :class:`jaxmem.Plan` named ``optimal``. When no assignment satisfies the
@@ -113,7 +115,8 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
   target = int(budget_bytes)
   if peak <= budget_bytes or not cols:
     LAST.seconds = time.perf_counter() - t0
-    return common.finish(program, (), budget_bytes, "optimal", pinned)
+    return common.finish(program, (), budget_bytes, "optimal", pinned, copies=copies,
+                           window=window)
 
   gaps_by_var: dict[int, list[int]] = {}
   for gi, g in enumerate(gaps):
@@ -171,13 +174,15 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     LAST.proven = res.status == 0
     LAST.objective_s = float(res.fun)
     chosen = tuple(cols[c][1] for c in np.nonzero(res.x > 0.5)[0])
-    plan = common.finish(program, chosen, budget_bytes, "optimal", pinned)
+    plan = common.finish(program, chosen, budget_bytes, "optimal", pinned, copies=copies,
+                         window=window)
     best = chosen
     if plan.estimated_peak_bytes <= budget_bytes:
       break
     # The linear model missed fusion effects: aim lower by the overshoot.
-    target -= plan.estimated_peak_bytes - budget_bytes
+    target -= plan.estimated_peak_bytes - budget_bytes + budget_bytes // 200
     if target <= 0:
       break
   LAST.seconds = time.perf_counter() - t0
-  return common.finish(program, best, budget_bytes, "optimal", pinned)
+  return common.finish(program, best, budget_bytes, "optimal", pinned, copies=copies,
+                       window=window)

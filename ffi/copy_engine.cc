@@ -1,0 +1,353 @@
+// Copyright 2025 The jaxmem Authors.
+
+#include "copy_engine.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+namespace jaxmem {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+int ThreadsFromEnv() {
+  const char* env = std::getenv("JAXMEM_COPY_THREADS");
+  if (env == nullptr || *env == '\0') return 1;
+  char* end = nullptr;
+  long n = std::strtol(env, &end, 10);
+  if (end == env || n < 0) return 1;
+  return n > 64 ? 64 : static_cast<int>(n);
+}
+
+std::vector<int> CpusFromEnv() {
+  std::vector<int> cpus;
+  const char* env = std::getenv("JAXMEM_COPY_CPUS");
+  if (env == nullptr) return cpus;
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    long c = std::strtol(item.c_str(), &end, 10);
+    if (end != item.c_str() && c >= 0 && c < 4096) cpus.push_back(static_cast<int>(c));
+  }
+  return cpus;
+}
+
+// Pins the calling thread to `cpus`; "" on success (or nothing to do).
+std::string PinThread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return {};
+#ifdef __linux__
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc != 0) return "cannot pin a copy worker to the requested CPUs: " + std::string(std::strerror(rc));
+  return {};
+#else
+  return "CPU affinity is only supported on Linux";
+#endif
+}
+
+const char* KindName(CopyKind kind) {
+  return kind == CopyKind::kOffload ? "offload" : "fetch";
+}
+
+}  // namespace
+
+CopyEngine& CopyEngine::Global() {
+  static CopyEngine* engine = new CopyEngine();
+  return *engine;
+}
+
+CopyEngine::CopyEngine()
+    : first_ticket_(RandomFirstId()),
+      next_ticket_(first_ticket_),
+      desired_threads_(ThreadsFromEnv()),
+      cpus_(CpusFromEnv()) {
+  stats_.threads = desired_threads_;
+}
+
+std::string CopyEngine::SetCpus(const std::vector<int>& cpus) {
+  // Check the CPUs on a short-lived thread before committing to them.
+  std::string err;
+  std::thread([&] { err = PinThread(cpus); }).join();
+  if (!err.empty()) return err;
+  std::lock_guard<std::mutex> lock(mu_);
+  cpus_ = cpus;
+  ++generation_;  // running workers retire when idle; new ones get the mask
+  work_cv_.notify_all();
+  return {};
+}
+
+void CopyEngine::SetThreads(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  desired_threads_ = n < 0 ? 0 : (n > 64 ? 64 : n);
+  stats_.threads = desired_threads_;
+  // Surplus workers exit when they next wake up; missing ones start with the
+  // next submitted copy. Jobs queued while the count drops to 0 are still
+  // served: workers only exit on an empty queue.
+  work_cv_.notify_all();
+}
+
+void CopyEngine::EnsureWorkersLocked() {
+  while (running_threads_ < desired_threads_) {
+    ++running_threads_;
+    // Detached: the engine is never destroyed, and a worker blocked on the
+    // condition variable must not keep the process from exiting.
+    std::thread([this, g = generation_, cpus = cpus_] {
+      PinThread(cpus);  // checked by SetCpus; best effort for the env default
+      WorkerLoop(g);
+    }).detach();
+  }
+}
+
+void CopyEngine::WorkerLoop(uint64_t generation) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] {
+      return !queue_.empty() || running_threads_ > desired_threads_ ||
+             generation != generation_;
+    });
+    if (queue_.empty() || generation != generation_) {
+      // Surplus (SetThreads lowered the count) or stale (SetCpus): retire,
+      // and let a fresh worker with the new mask take over the queue.
+      --running_threads_;
+      if (!queue_.empty()) EnsureWorkersLocked();
+      return;
+    }
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    job->started = true;
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    RunJob(*job);
+    double dt = Seconds(t0);
+    lock.lock();
+    job->finished = true;
+    pending_.erase(job->seq);
+    stats_.bytes_copied += job->bytes;
+    stats_.copy_seconds += dt;
+    done_cv_.notify_all();
+  }
+}
+
+void CopyEngine::RunJob(Job& job) {
+  if (job.bytes > 0) std::memcpy(job.dst, job.src, job.bytes);
+  // A fetched entry is consumed: free its host bytes here, on the worker,
+  // rather than in the done on XLA's thread.
+  if (job.kind == CopyKind::kFetch) job.host.Reset();
+}
+
+uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t ticket = next_ticket_++;
+  job->seq = next_seq_++;
+  tickets_.emplace(ticket, job);
+  ++stats_.total_started;
+  if (job->bytes == 0) {
+    job->started = job->finished = true;
+    if (job->kind == CopyKind::kFetch) job->host.Reset();
+    return ticket;
+  }
+  if (desired_threads_ == 0) {
+    // Inline mode: copy now, on the caller's thread.
+    lock.unlock();
+    auto t0 = std::chrono::steady_clock::now();
+    RunJob(*job);
+    double dt = Seconds(t0);
+    lock.lock();
+    job->started = job->finished = true;
+    stats_.bytes_copied += job->bytes;
+    stats_.copy_seconds += dt;
+    return ticket;
+  }
+  pending_.insert(job->seq);
+  queue_.push_back(std::move(job));
+  EnsureWorkersLocked();
+  work_cv_.notify_one();
+  return ticket;
+}
+
+std::string CopyEngine::TicketMessageLocked(uint64_t ticket) const {
+  std::string t = FormatHandle(ticket);
+  if (ticket - first_ticket_ < next_ticket_ - first_ticket_) {
+    return "copy ticket " + t +
+           " was issued by this process but is not outstanding: its done "
+           "already ran, or the tickets were cleared (a ticket can be "
+           "finished once)";
+  }
+  return "copy ticket " + t +
+         " was never issued by this process (a ticket from another process, "
+         "a made-up value, or garbage)";
+}
+
+void CopyEngine::DrainLocked(std::unique_lock<std::mutex>& lock) {
+  const uint64_t target = next_seq_;
+  done_cv_.wait(lock, [&] {
+    return pending_.empty() || *pending_.begin() >= target;
+  });
+}
+
+void CopyEngine::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  DrainLocked(lock);
+}
+
+std::string CopyEngine::Fail(std::string message) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++stats_.total_errors;
+  // XLA aborts the execution on this error and releases its buffers: let
+  // every copy that may still touch them finish first.
+  DrainLocked(lock);
+  return message;
+}
+
+std::string CopyEngine::Claim(uint64_t ticket, CopyKind kind,
+                              const void* xla_buffer,
+                              std::shared_ptr<Job>* out) {
+  std::shared_ptr<Job> job;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) {
+      std::string msg = TicketMessageLocked(ticket);
+      lock.unlock();
+      return Fail(std::move(msg));
+    }
+    if (it->second->kind != kind) {
+      std::string msg = "copy ticket " + FormatHandle(ticket) + " belongs to " +
+                        KindName(it->second->kind) + "_start, not " +
+                        KindName(kind) + "_start; the ticket is kept";
+      lock.unlock();
+      return Fail(std::move(msg));
+    }
+    job = std::move(it->second);
+    tickets_.erase(it);
+    if (!job->finished && !job->started) {
+      // Steal it: no worker has started it, run it on this thread now.
+      for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+        if (q->get() == job.get()) {
+          queue_.erase(q);
+          break;
+        }
+      }
+      job->started = true;
+      ++stats_.stolen;
+      lock.unlock();
+      auto t0 = std::chrono::steady_clock::now();
+      RunJob(*job);
+      double dt = Seconds(t0);
+      lock.lock();
+      job->finished = true;
+      pending_.erase(job->seq);
+      stats_.bytes_copied += job->bytes;
+      stats_.copy_seconds += dt;
+      stats_.wait_seconds += dt;
+      done_cv_.notify_all();
+    } else if (!job->finished) {
+      auto t0 = std::chrono::steady_clock::now();
+      done_cv_.wait(lock, [&] { return job->finished; });
+      stats_.wait_seconds += Seconds(t0);
+    }
+  }
+  const void* expected = kind == CopyKind::kOffload ? job->src : job->dst;
+  if (job->bytes > 0 && xla_buffer != expected) {
+    return Fail("the buffer of copy ticket " + FormatHandle(ticket) +
+                " moved between the start and the done (XLA copied it while "
+                "the copy was in flight, e.g. because the start and the done "
+                "ran in different computations); the result is refused");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.total_finished;
+  *out = std::move(job);
+  return {};
+}
+
+std::string CopyEngine::StartOffload(const void* src, size_t bytes,
+                                     uint32_t dtype_code, uint64_t* ticket) {
+  if (bytes > 0 && src == nullptr) {
+    return Fail("offload_start: source buffer is null but has " +
+                std::to_string(bytes) + " bytes");
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = CopyKind::kOffload;
+  job->bytes = bytes;
+  job->dtype_code = dtype_code;
+  job->src = src;
+  job->host = HostBuffer::Allocate(bytes);
+  if (!job->host.ok(bytes)) {
+    return Fail("offload_start: out of host memory allocating " +
+                std::to_string(bytes) + " bytes");
+  }
+  job->dst = job->host.data();
+  *ticket = Submit(std::move(job));
+  return {};
+}
+
+std::string CopyEngine::FinishOffload(uint64_t ticket, const void* src,
+                                      uint64_t* handle) {
+  std::shared_ptr<Job> job;
+  std::string err = Claim(ticket, CopyKind::kOffload, src, &job);
+  if (!err.empty()) return err;
+  return HostStore::Global().Insert(std::move(job->host), job->bytes,
+                                    job->dtype_code, handle);
+}
+
+std::string CopyEngine::StartFetch(uint64_t handle, void* dst, size_t bytes,
+                                   uint32_t dtype_code, uint64_t* ticket) {
+  if (bytes > 0 && dst == nullptr) {
+    return Fail("fetch_start: destination buffer is null but has " +
+                std::to_string(bytes) + " bytes");
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = CopyKind::kFetch;
+  job->bytes = bytes;
+  job->dtype_code = dtype_code;
+  std::string err =
+      HostStore::Global().Remove(handle, bytes, dtype_code, &job->host);
+  if (!err.empty()) return Fail("fetch_start: " + err);
+  job->src = job->host.data();
+  job->dst = dst;
+  *ticket = Submit(std::move(job));
+  return {};
+}
+
+std::string CopyEngine::FinishFetch(uint64_t ticket, const void* dst) {
+  std::shared_ptr<Job> job;
+  return Claim(ticket, CopyKind::kFetch, dst, &job);
+}
+
+uint64_t CopyEngine::Clear() {
+  std::unordered_map<uint64_t, std::shared_ptr<Job>> doomed;
+  uint64_t freed = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    DrainLocked(lock);
+    doomed.swap(tickets_);
+    for (const auto& [ticket, job] : doomed) freed += job->host.bytes();
+  }
+  return freed;  // `doomed` frees the host buffers outside the lock.
+}
+
+CopyEngineStats CopyEngine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CopyEngineStats s = stats_;
+  s.cpus = cpus_;
+  s.outstanding = tickets_.size();
+  s.in_flight = pending_.size();
+  return s;
+}
+
+}  // namespace jaxmem

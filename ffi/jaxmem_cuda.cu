@@ -1,0 +1,584 @@
+// Copyright 2025 The jaxmem Authors.
+//
+// CUDA handlers for jaxmem's custom calls (built with JAXMEM_CUDA=1 only):
+// the same targets and semantics as the CPU handlers in jaxmem_ffi.cc and
+// copy_engine.cc, with a dedicated copy stream per device, CUDA events and
+// pinned host memory (DESIGN.md, "Native extension"; vDNN, paper 004 §3:
+// offload and prefetch on a separate stream; paper 001 §3 for the window).
+//
+//   offload_start(x) -> ticket
+//       records `ready` on XLA's compute stream, makes the device's copy
+//       stream wait for it and enqueues x -> pinned host buffer there,
+//       recording `copied`. Returns at once; the compute stream goes on.
+//   offload_done(x, ticket, dep) -> handle
+//       makes the compute stream wait for `copied` (so XLA may reuse x's
+//       memory after this op), publishes the pinned buffer in the host store
+//       (host readers synchronize on `copied` first) and returns its handle.
+//   fetch_start(handle, dep) -> (buf, ticket)
+//       takes the entry out of the store, orders the copy stream after the
+//       compute stream, enqueues pinned -> buf there and records `copied`;
+//       the pinned buffer goes back to the pool from a host callback on the
+//       copy stream once the copy has run.
+//   fetch_done(buf, ticket, dep) -> buf (aliased)
+//       makes the compute stream wait for `copied`.
+//   offload / fetch / fence: the synchronous ops (copies on the compute stream).
+//
+// Handles and tickets live in device memory as uint32[2]; the host needs
+// their value to find the entry, so offload_done, fetch_start and fetch
+// read 8 bytes back, which synchronizes the compute stream at that point
+// (the GPU idles for the host's launch latency; the copies themselves stay
+// asynchronous). Nothing here has run on a GPU in this repository's CI: it
+// is compiled (nvcc) where the toolkit is present, not executed.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "host_store.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxmem {
+namespace {
+
+ffi::Error CudaError(const char* what, cudaError_t err) {
+  return ffi::Error::Internal(std::string("jaxmem (CUDA) ") + what + ": " +
+                              cudaGetErrorString(err));
+}
+
+#define JAXMEM_CUDA_RETURN_IF_ERROR(what, expr) \
+  do {                                          \
+    cudaError_t _e = (expr);                    \
+    if (_e != cudaSuccess) return CudaError(what, _e); \
+  } while (0)
+
+bool IsSubByteOrToken(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::S1:
+    case ffi::DataType::S2:
+    case ffi::DataType::S4:
+    case ffi::DataType::U1:
+    case ffi::DataType::U2:
+    case ffi::DataType::U4:
+    case ffi::DataType::F4E2M1FN:
+    case ffi::DataType::TOKEN:
+    case ffi::DataType::INVALID:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Pinned host memory ---------------------------------------------------------
+
+// cudaHostAlloc costs milliseconds (it pins pages): freed blocks are kept by
+// size and reused. `CudaClear` releases them.
+class PinnedPool {
+ public:
+  static PinnedPool& Global() {
+    static PinnedPool* pool = new PinnedPool();  // leaked, like the store
+    return *pool;
+  }
+
+  cudaError_t Allocate(size_t bytes, HostBuffer* out) {
+    if (bytes == 0) {
+      *out = HostBuffer();
+      return cudaSuccess;
+    }
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.lower_bound(rounded);
+      if (it != free_.end() && it->first - rounded <= rounded / 8) {
+        p = it->second;
+        sizes_[p] = it->first;
+        cached_ -= it->first;
+        free_.erase(it);
+      }
+    }
+    if (p == nullptr) {
+      cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocPortable);
+      if (err != cudaSuccess) return err;
+      std::lock_guard<std::mutex> lock(mu_);
+      sizes_[p] = rounded;
+    }
+    *out = HostBuffer(p, bytes, &PinnedPool::Release);
+    return cudaSuccess;
+  }
+
+  // The HostBuffer deleter. May run in a CUDA host callback: no CUDA calls.
+  static void Release(void* p, size_t /*bytes*/) {
+    PinnedPool& pool = Global();
+    std::lock_guard<std::mutex> lock(pool.mu_);
+    auto it = pool.sizes_.find(p);
+    if (it == pool.sizes_.end()) return;  // not ours: leak rather than crash
+    pool.free_.emplace(it->second, p);
+    pool.cached_ += it->second;
+  }
+
+  uint64_t Clear() {
+    std::multimap<size_t, void*> doomed;
+    uint64_t freed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      doomed.swap(free_);
+      freed = cached_;
+      cached_ = 0;
+      for (auto& [size, p] : doomed) sizes_.erase(p);
+    }
+    for (auto& [size, p] : doomed) cudaFreeHost(p);
+    return freed;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  std::unordered_map<void*, size_t> sizes_;  // every block we allocated
+  uint64_t cached_ = 0;
+};
+
+// Events and copy streams ----------------------------------------------------
+
+struct EventDeleter {
+  void operator()(CUevent_st* e) const {
+    // Safe with work still pending: the driver frees it when it completes.
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+};
+using Event = std::shared_ptr<CUevent_st>;
+
+cudaError_t NewEvent(Event* out) {
+  cudaEvent_t e = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (err != cudaSuccess) return err;
+  *out = Event(e, EventDeleter());
+  return cudaSuccess;
+}
+
+// One non-blocking copy stream per device, created on first use.
+cudaError_t CopyStream(cudaStream_t* out) {
+  static std::mutex mu;
+  static std::unordered_map<int, cudaStream_t>* streams =
+      new std::unordered_map<int, cudaStream_t>();
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find(device);
+  if (it != streams->end()) {
+    *out = it->second;
+    return cudaSuccess;
+  }
+  cudaStream_t s = nullptr;
+  err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return err;
+  (*streams)[device] = s;
+  *out = s;
+  return cudaSuccess;
+}
+
+// Makes `waiter` wait for all work enqueued on `producer` so far.
+cudaError_t Order(cudaStream_t producer, cudaStream_t waiter) {
+  Event e;
+  cudaError_t err = NewEvent(&e);
+  if (err != cudaSuccess) return err;
+  err = cudaEventRecord(e.get(), producer);
+  if (err != cudaSuccess) return err;
+  return cudaStreamWaitEvent(waiter, e.get(), 0);
+}
+
+// Tickets --------------------------------------------------------------------
+
+enum class Kind { kOffload, kFetch };
+
+struct Job {
+  Kind kind;
+  const void* device_buffer;  // offload: source x; fetch: destination buf
+  size_t bytes;
+  uint32_t dtype;
+  HostBuffer host;  // offload only (a fetch hands its buffer to a callback)
+  Event copied;
+};
+
+class Tickets {
+ public:
+  static Tickets& Global() {
+    static Tickets* t = new Tickets();
+    return *t;
+  }
+
+  uint64_t Add(std::unique_ptr<Job> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t id = next_++;
+    jobs_.emplace(id, std::move(job));
+    return id;
+  }
+
+  std::string Claim(uint64_t id, Kind kind, const void* device_buffer,
+                    std::unique_ptr<Job>* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      return "copy ticket " + FormatHandle(id) +
+             (id - first_ < next_ - first_
+                  ? " is not outstanding (its done already ran, or the "
+                    "tickets were cleared)"
+                  : " was never issued by this process");
+    }
+    if (it->second->kind != kind) {
+      return "copy ticket " + FormatHandle(id) + " belongs to the other kind "
+             "of copy; the ticket is kept";
+    }
+    if (it->second->bytes > 0 && it->second->device_buffer != device_buffer) {
+      return "the buffer of copy ticket " + FormatHandle(id) +
+             " moved between the start and the done; the result is refused";
+    }
+    *out = std::move(it->second);
+    jobs_.erase(it);
+    return {};
+  }
+
+  uint64_t Clear() {
+    std::unordered_map<uint64_t, std::unique_ptr<Job>> doomed;
+    uint64_t freed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      doomed.swap(jobs_);
+    }
+    for (auto& [id, job] : doomed) freed += job->host.bytes();
+    return freed;  // HostBuffer::Reset waits for each copy before freeing
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_;
+  const uint64_t first_ = RandomFirstId();
+  uint64_t next_ = first_;
+};
+
+// Device <-> host ids --------------------------------------------------------
+
+ffi::Error ReadId(cudaStream_t stream, const ffi::BufferR1<ffi::U32>& words,
+                  const char* what, uint64_t* id) {
+  if (words.element_count() != 2) {
+    return ffi::Error::InvalidArgument(std::string("jaxmem: a ") + what +
+                                       " must be uint32[2]");
+  }
+  uint32_t host[2] = {0, 0};
+  JAXMEM_CUDA_RETURN_IF_ERROR(
+      "reading an id",
+      cudaMemcpyAsync(host, words.typed_data(), sizeof(host),
+                      cudaMemcpyDeviceToHost, stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("reading an id", cudaStreamSynchronize(stream));
+  *id = static_cast<uint64_t>(host[0]) | (static_cast<uint64_t>(host[1]) << 32);
+  return ffi::Error::Success();
+}
+
+ffi::Error WriteId(cudaStream_t stream, uint64_t id,
+                   ffi::ResultBufferR1<ffi::U32>& words, const char* what) {
+  if (words->element_count() != 2) {
+    return ffi::Error::InvalidArgument(std::string("jaxmem: a ") + what +
+                                       " must be uint32[2]");
+  }
+  // Pageable source: cudaMemcpyAsync stages it before returning.
+  uint32_t host[2] = {static_cast<uint32_t>(id & 0xffffffffULL),
+                      static_cast<uint32_t>(id >> 32)};
+  JAXMEM_CUDA_RETURN_IF_ERROR(
+      "writing an id",
+      cudaMemcpyAsync(words->typed_data(), host, sizeof(host),
+                      cudaMemcpyHostToDevice, stream));
+  return ffi::Error::Success();
+}
+
+void CUDART_CB ReleaseHostBuffer(void* data) {
+  delete static_cast<HostBuffer*>(data);  // -> PinnedPool::Release
+}
+
+// Hands `host` back to the pool once `stream` has run the copies before now.
+cudaError_t ReleaseAfter(cudaStream_t stream, HostBuffer host) {
+  if (host.data() == nullptr) return cudaSuccess;
+  host.set_wait_ready(nullptr);  // ordered by the stream; no CUDA calls later
+  auto* boxed = new HostBuffer(std::move(host));
+  cudaError_t err = cudaLaunchHostFunc(stream, ReleaseHostBuffer, boxed);
+  if (err != cudaSuccess) {
+    cudaStreamSynchronize(stream);
+    delete boxed;
+  }
+  return err;
+}
+
+// Handlers -------------------------------------------------------------------
+
+ffi::Error FenceImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+  if (out->untyped_data() == x.untyped_data() || x.size_bytes() == 0) {
+    return ffi::Error::Success();
+  }
+  JAXMEM_CUDA_RETURN_IF_ERROR(
+      "fence copy",
+      cudaMemcpyAsync(out->untyped_data(), x.untyped_data(), x.size_bytes(),
+                      cudaMemcpyDeviceToDevice, stream));
+  return ffi::Error::Success();
+}
+
+// Copies `bytes` at `src` (device) into a new pinned buffer on `copy_stream`
+// after the work enqueued on `stream`; `*copied` completes with the copy.
+ffi::Error EnqueueOffload(cudaStream_t stream, cudaStream_t copy_stream,
+                          const void* src, size_t bytes, HostBuffer* host,
+                          Event* copied) {
+  JAXMEM_CUDA_RETURN_IF_ERROR("pinned allocation",
+                              PinnedPool::Global().Allocate(bytes, host));
+  JAXMEM_CUDA_RETURN_IF_ERROR("event", NewEvent(copied));
+  // Whoever frees or reads the buffer on the host waits for the DMA first.
+  host->set_wait_ready([e = *copied] { cudaEventSynchronize(e.get()); });
+  if (copy_stream != stream) {
+    JAXMEM_CUDA_RETURN_IF_ERROR("stream order", Order(stream, copy_stream));
+  }
+  if (bytes > 0) {
+    JAXMEM_CUDA_RETURN_IF_ERROR(
+        "device-to-host copy",
+        cudaMemcpyAsync(host->data(), src, bytes, cudaMemcpyDeviceToHost,
+                        copy_stream));
+  }
+  JAXMEM_CUDA_RETURN_IF_ERROR("event record",
+                              cudaEventRecord(copied->get(), copy_stream));
+  return ffi::Error::Success();
+}
+
+// Publishes an offloaded pinned buffer; host readers wait for `copied`.
+uint64_t Publish(HostBuffer host, size_t bytes, uint32_t dtype, Event copied) {
+  host.set_wait_ready([copied] { cudaEventSynchronize(copied.get()); });
+  uint64_t id = 0;
+  HostStore::Global().Insert(std::move(host), bytes, dtype, &id);
+  return id;
+}
+
+ffi::Error OffloadImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                       ffi::ResultBufferR1<ffi::U32> handle) {
+  if (IsSubByteOrToken(x.element_type())) {
+    return ffi::Error::InvalidArgument("jaxmem offload: unsupported dtype");
+  }
+  HostBuffer host;
+  Event copied;
+  if (ffi::Error e = EnqueueOffload(stream, stream, x.untyped_data(),
+                                    x.size_bytes(), &host, &copied);
+      e.failure()) {
+    return e;
+  }
+  uint64_t id = Publish(std::move(host), x.size_bytes(),
+                        static_cast<uint32_t>(x.element_type()), copied);
+  return WriteId(stream, id, handle, "handle");
+}
+
+ffi::Error OffloadStartImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                            ffi::ResultBufferR1<ffi::U32> ticket) {
+  if (IsSubByteOrToken(x.element_type())) {
+    return ffi::Error::InvalidArgument(
+        "jaxmem offload_start: unsupported dtype");
+  }
+  cudaStream_t copy_stream = nullptr;
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  auto job = std::make_unique<Job>();
+  job->kind = Kind::kOffload;
+  job->device_buffer = x.untyped_data();
+  job->bytes = x.size_bytes();
+  job->dtype = static_cast<uint32_t>(x.element_type());
+  if (ffi::Error e = EnqueueOffload(stream, copy_stream, x.untyped_data(),
+                                    x.size_bytes(), &job->host, &job->copied);
+      e.failure()) {
+    return e;
+  }
+  uint64_t id = Tickets::Global().Add(std::move(job));
+  return WriteId(stream, id, ticket, "ticket");
+}
+
+ffi::Error OffloadDoneImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                           ffi::BufferR1<ffi::U32> ticket,
+                           ffi::AnyBuffer /*dep*/,
+                           ffi::ResultBufferR1<ffi::U32> handle) {
+  uint64_t tid = 0;
+  if (ffi::Error e = ReadId(stream, ticket, "ticket", &tid); e.failure()) {
+    return e;
+  }
+  std::unique_ptr<Job> job;
+  std::string err =
+      Tickets::Global().Claim(tid, Kind::kOffload, x.untyped_data(), &job);
+  if (!err.empty()) {
+    return ffi::Error::InvalidArgument("jaxmem offload_done: " + err);
+  }
+  // XLA may reuse x's memory for work enqueued after this op.
+  JAXMEM_CUDA_RETURN_IF_ERROR(
+      "stream wait", cudaStreamWaitEvent(stream, job->copied.get(), 0));
+  uint64_t id =
+      Publish(std::move(job->host), job->bytes, job->dtype, job->copied);
+  return WriteId(stream, id, handle, "handle");
+}
+
+// Takes entry `hid` out of the store and enqueues its copy into `dst` on
+// `copy_stream` (after `stream`'s work), releasing the pinned buffer after.
+ffi::Error EnqueueFetch(cudaStream_t stream, cudaStream_t copy_stream,
+                        uint64_t hid, void* dst, size_t bytes, uint32_t dtype,
+                        Event* copied) {
+  HostBuffer host;
+  std::string err = HostStore::Global().Remove(hid, bytes, dtype, &host);
+  if (!err.empty()) {
+    return ffi::Error::InvalidArgument("jaxmem fetch: " + err);
+  }
+  if (copy_stream != stream) {
+    JAXMEM_CUDA_RETURN_IF_ERROR("stream order", Order(stream, copy_stream));
+  }
+  JAXMEM_CUDA_RETURN_IF_ERROR("event", NewEvent(copied));
+  if (bytes > 0) {
+    // The DMA into this entry (if it came from an offload) has completed:
+    // the id read above synchronized the compute stream, which waited for
+    // it in offload_done. So this host-side wait returns at once; it matters
+    // for entries offloaded on another device.
+    host.WaitReady();
+    JAXMEM_CUDA_RETURN_IF_ERROR(
+        "host-to-device copy",
+        cudaMemcpyAsync(dst, host.data(), bytes, cudaMemcpyHostToDevice,
+                        copy_stream));
+  }
+  JAXMEM_CUDA_RETURN_IF_ERROR("event record",
+                              cudaEventRecord(copied->get(), copy_stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("release",
+                              ReleaseAfter(copy_stream, std::move(host)));
+  return ffi::Error::Success();
+}
+
+ffi::Error FetchImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+  if (IsSubByteOrToken(out->element_type())) {
+    return ffi::Error::InvalidArgument("jaxmem fetch: unsupported dtype");
+  }
+  uint64_t hid = 0;
+  if (ffi::Error e = ReadId(stream, handle, "handle", &hid); e.failure()) {
+    return e;
+  }
+  Event copied;
+  return EnqueueFetch(stream, stream, hid, out->untyped_data(),
+                      out->size_bytes(),
+                      static_cast<uint32_t>(out->element_type()), &copied);
+}
+
+ffi::Error FetchStartImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+                          ffi::AnyBuffer /*dep*/,
+                          ffi::Result<ffi::AnyBuffer> buf,
+                          ffi::ResultBufferR1<ffi::U32> ticket) {
+  if (IsSubByteOrToken(buf->element_type())) {
+    return ffi::Error::InvalidArgument("jaxmem fetch_start: unsupported dtype");
+  }
+  uint64_t hid = 0;
+  if (ffi::Error e = ReadId(stream, handle, "handle", &hid); e.failure()) {
+    return e;
+  }
+  cudaStream_t copy_stream = nullptr;
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  auto job = std::make_unique<Job>();
+  job->kind = Kind::kFetch;
+  job->device_buffer = buf->untyped_data();
+  job->bytes = buf->size_bytes();
+  job->dtype = static_cast<uint32_t>(buf->element_type());
+  if (ffi::Error e = EnqueueFetch(stream, copy_stream, hid, buf->untyped_data(),
+                                  job->bytes, job->dtype, &job->copied);
+      e.failure()) {
+    return e;
+  }
+  uint64_t id = Tickets::Global().Add(std::move(job));
+  return WriteId(stream, id, ticket, "ticket");
+}
+
+ffi::Error FetchDoneImpl(cudaStream_t stream, ffi::AnyBuffer buf,
+                         ffi::BufferR1<ffi::U32> ticket, ffi::AnyBuffer /*dep*/,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  uint64_t tid = 0;
+  if (ffi::Error e = ReadId(stream, ticket, "ticket", &tid); e.failure()) {
+    return e;
+  }
+  std::unique_ptr<Job> job;
+  std::string err =
+      Tickets::Global().Claim(tid, Kind::kFetch, buf.untyped_data(), &job);
+  if (!err.empty()) {
+    return ffi::Error::InvalidArgument("jaxmem fetch_done: " + err);
+  }
+  JAXMEM_CUDA_RETURN_IF_ERROR(
+      "stream wait", cudaStreamWaitEvent(stream, job->copied.get(), 0));
+  if (out->untyped_data() != buf.untyped_data() && buf.size_bytes() > 0) {
+    JAXMEM_CUDA_RETURN_IF_ERROR(
+        "fetch_done copy",
+        cudaMemcpyAsync(out->untyped_data(), buf.untyped_data(),
+                        buf.size_bytes(), cudaMemcpyDeviceToDevice, stream));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// Frees pooled pinned memory and outstanding CUDA tickets; returns bytes.
+uint64_t CudaClear() {
+  uint64_t freed = Tickets::Global().Clear();
+  return freed + PinnedPool::Global().Clear();
+}
+
+}  // namespace jaxmem
+
+using CudaStream = ffi::PlatformStream<cudaStream_t>;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaFence, jaxmem::FenceImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()     // x
+                                  .Arg<ffi::AnyBuffer>()     // dep
+                                  .Ret<ffi::AnyBuffer>());   // x (alias)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffload, jaxmem::OffloadImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()             // x
+                                  .Ret<ffi::BufferR1<ffi::U32>>());  // handle
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaFetch, jaxmem::FetchImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::BufferR1<ffi::U32>>()  // handle
+                                  .Arg<ffi::AnyBuffer>()           // dep
+                                  .Ret<ffi::AnyBuffer>());         // x
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadStart, jaxmem::OffloadStartImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()             // x
+                                  .Ret<ffi::BufferR1<ffi::U32>>());  // ticket
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadDone, jaxmem::OffloadDoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()             // x
+                                  .Arg<ffi::BufferR1<ffi::U32>>()    // ticket
+                                  .Arg<ffi::AnyBuffer>()             // dep
+                                  .Ret<ffi::BufferR1<ffi::U32>>());  // handle
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaFetchStart, jaxmem::FetchStartImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::BufferR1<ffi::U32>>()    // handle
+                                  .Arg<ffi::AnyBuffer>()             // dep
+                                  .Ret<ffi::AnyBuffer>()             // buf
+                                  .Ret<ffi::BufferR1<ffi::U32>>());  // ticket
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaFetchDone, jaxmem::FetchDoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()           // buf
+                                  .Arg<ffi::BufferR1<ffi::U32>>()  // ticket
+                                  .Arg<ffi::AnyBuffer>()           // dep
+                                  .Ret<ffi::AnyBuffer>());         // x (alias)

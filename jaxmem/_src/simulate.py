@@ -1,0 +1,221 @@
+"""Simulator: a planned schedule on a device, with a compute stream and two copy streams.
+
+The schedule (:class:`~jaxmem._src.schedule.Schedule`) is static: XLA runs its
+steps in order and every buffer's place in memory is fixed when it is compiled,
+so the budget is met by construction wherever the estimate says so. What the
+simulator adds is *time*, after AutoSwap's scheduling model (paper 003 §IV-E):
+
+* the compute stream runs the compute steps in order; each takes its roofline
+  time on the device (:func:`jaxmem._src.cost.eqn_seconds`), values XLA fuses
+  away cost their arithmetic only;
+* a device-to-host stream and a host-to-device stream each run one copy at a
+  time, in issue order ("a variable starts swap-out (-in) only after the
+  previous swap-out (-in) event completes"); a device without full-duplex
+  copies shares one engine between them;
+* a synchronous ``offload``/``fetch`` blocks the compute stream until its copy
+  is done; an ``offload_start``/``fetch_start`` only enqueues it, and the
+  matching ``*_done`` waits for it. A fetch cannot start before the offload of
+  the same value has finished;
+* waits are *stalls*. In the paper a stall also happens when "the next Malloc
+  will be delayed until sufficient variables are swapped out": in a static
+  schedule that point is where the planner put the offload_done (bounded by
+  the budget, see :func:`jaxmem._src.schedule.async_copies`), so the same
+  delay appears as the done's wait.
+
+The result carries the step time, the overhead against the same program
+without a plan on the same device, and the timeline the Perfetto export draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxmem._src import cost
+from jaxmem._src.errors import format_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """One interval on a stream of the simulated timeline.
+
+  Attributes:
+    stream: ``"compute"``, ``"d2h"`` or ``"h2d"``.
+    name: the primitive, or ``offload``/``fetch`` and the value's type.
+    start_s, end_s: seconds from the start of the step.
+    step: index of the schedule step that issued it.
+    nbytes: bytes copied (copies) or 0.
+    kind: ``"compute"``, ``"recompute"``, ``"copy"`` or ``"stall"``.
+  """
+  stream: str
+  name: str
+  start_s: float
+  end_s: float
+  step: int
+  nbytes: int = 0
+  kind: str = "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+  """A schedule's simulated step on a device.
+
+  Attributes:
+    device: the device profile's name.
+    step_time_s: time of the planned step.
+    unplanned_time_s: time of the same program without a plan.
+    overhead: ``step_time_s / unplanned_time_s - 1``.
+    stall_s: time the compute stream waited for copies.
+    recompute_s: time spent recomputing.
+    copied_bytes: bytes moved each way (device to host; the same come back).
+    peak_bytes: the schedule's estimated peak.
+    step_start_s: start time of every step (for memory over time).
+    live_bytes: estimated live bytes at every step (``len(steps) + 1`` entries).
+    timeline: the events of all streams.
+  """
+  device: str
+  step_time_s: float
+  unplanned_time_s: float
+  overhead: float
+  stall_s: float
+  recompute_s: float
+  copied_bytes: int
+  peak_bytes: int
+  step_start_s: np.ndarray
+  live_bytes: np.ndarray
+  timeline: tuple[Event, ...]
+
+  def __str__(self) -> str:
+    return (f"simulated on {self.device}: step {self.step_time_s * 1e3:.3f} ms vs unplanned "
+            f"{self.unplanned_time_s * 1e3:.3f} ms ({self.overhead:+.1%}); stalls "
+            f"{self.stall_s * 1e3:.3f} ms, recompute {self.recompute_s * 1e3:.3f} ms, "
+            f"{format_bytes(self.copied_bytes)} staged to host; peak {format_bytes(self.peak_bytes)}")
+
+
+def op_seconds(program: Any, device: Any = None) -> np.ndarray:
+  """Roofline time of every op of the unplanned program on ``device`` (cached per device)."""
+  dev = cost.device_profile(device)
+  cache = program.__dict__.setdefault("_op_seconds", {})
+  if dev not in cache:
+    virtual = program.profile.virtual
+    out = np.zeros(program.num_ops)
+    for op in program.ops:
+      fused = virtual is not None and bool(op.outputs) and all(virtual[o] for o in op.outputs)
+      out[op.index] = cost.eqn_seconds(op.eqn, dev, fused=fused)
+    cache[dev] = out
+  return cache[dev]
+
+
+def program_time(program: Any, device: Any = None) -> float:
+  """Simulated time of the unplanned program on ``device`` (compute stream only)."""
+  return float(op_seconds(program, device).sum())
+
+
+def simulate(plan: Any, device: Any = None, *, schedule: Any = None) -> Simulation:
+  """Simulates ``plan`` (or an explicit ``schedule``) on ``device``.
+
+  Args:
+    plan: a :class:`jaxmem.Plan` (its schedule is built with the plan's copy
+      settings), or ``None`` when ``schedule`` is given.
+    device: a profile name (``"h100-pcie"``, ``"k40"``, ...) or a
+      :class:`jaxmem.DeviceProfile`; default: the current backend's.
+    schedule: simulate this :class:`~jaxmem._src.schedule.Schedule` instead.
+
+  Returns:
+    A :class:`Simulation`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> prog = jaxmem.analyze(jax.grad(lambda x: jnp.tanh(jnp.tanh(x)).sum()), jnp.ones(1 << 16))
+    >>> plan = jaxmem.get_planner("greedy")(prog, prog.peak_bytes)
+    >>> sim = jaxmem.simulate(plan, "h100-pcie")
+    >>> sim.step_time_s > 0 and sim.stall_s == 0
+    True
+  """
+  from jaxmem._src.schedule import StepKind
+
+  dev = cost.device_profile(device)
+  if schedule is None:
+    if plan is None:
+      raise TypeError("`jaxmem.simulate` needs a plan (or `schedule=`).")
+    schedule = plan.schedule()
+  program = schedule.program
+  prof = schedule.profile()
+  virtual = prof.virtual
+  t_c = t_d2h = t_h2d = 0.0
+  stall = recompute = 0.0
+  copied = 0
+  done_at: dict[int, float] = {}        # value id (ticket / handle / buffer) -> copy end
+  offload_end: dict[int, float] = {}    # original variable -> end of its latest offload
+  events: list[Event] = []
+  starts = np.zeros(len(schedule.steps) + 1)
+
+  def copy(stream: str, ready: float, nbytes: int, step: int, name: str) -> tuple[float, float]:
+    nonlocal t_d2h, t_h2d
+    if dev.duplex:
+      free = t_d2h if stream == "d2h" else t_h2d
+    else:                                  # one copy engine for both directions
+      free = max(t_d2h, t_h2d)
+    begin = max(ready, free)
+    end = begin + dev.copy_seconds(nbytes)
+    if not dev.duplex:
+      t_d2h = t_h2d = end
+    elif stream == "d2h":
+      t_d2h = end
+    else:
+      t_h2d = end
+    events.append(Event(stream, name, begin, end, step, nbytes, "copy"))
+    return begin, end
+
+  def wait(until: float, step: int, why: str) -> None:
+    nonlocal t_c, stall
+    if until > t_c:
+      events.append(Event("compute", f"wait for {why}", t_c, until, step, 0, "stall"))
+      stall += until - t_c
+      t_c = until
+
+  for i, st in enumerate(schedule.steps):
+    starts[i] = t_c
+    kind = st.kind
+    var = st.var
+    nbytes = program.vars[var].nbytes if var is not None else 0
+    label = program.vars[var].type_str if var is not None else ""
+    if kind is StepKind.COMPUTE:
+      op = program.ops[st.op]
+      fused = bool(st.outputs) and all(virtual[o] for o in st.outputs)
+      dt = cost.eqn_seconds(op.eqn, dev, fused=fused)
+      events.append(Event("compute", op.primitive, t_c, t_c + dt, i, 0,
+                          "recompute" if st.recompute else "compute"))
+      t_c += dt
+      if st.recompute:
+        recompute += dt
+    elif kind is StepKind.OFFLOAD:
+      _, end = copy("d2h", t_c, nbytes, i, f"offload {label}")
+      wait(end, i, f"offload {label}")
+      offload_end[var] = end
+      copied += nbytes
+    elif kind is StepKind.FETCH:
+      _, end = copy("h2d", max(t_c, offload_end.get(var, 0.0)), nbytes, i, f"fetch {label}")
+      wait(end, i, f"fetch {label}")
+    elif kind is StepKind.OFFLOAD_START:
+      _, end = copy("d2h", t_c, nbytes, i, f"offload {label}")
+      for o in st.outputs:
+        done_at[o] = end
+      offload_end[var] = end
+      copied += nbytes
+    elif kind is StepKind.FETCH_START:
+      _, end = copy("h2d", max(t_c, offload_end.get(var, 0.0)), nbytes, i, f"fetch {label}")
+      for o in st.outputs:
+        done_at[o] = end
+    elif kind in (StepKind.OFFLOAD_DONE, StepKind.FETCH_DONE):
+      ready = max([done_at.get(x, 0.0) for x in st.inputs if isinstance(x, int)], default=0.0)
+      wait(ready, i, f"{kind.value.split('_')[0]} {label}")
+    # fences and pins alias their input: no time.
+  starts[-1] = t_c
+  base = program_time(program, dev)
+  total = t_c
+  return Simulation(dev.name, total, base, total / base - 1.0 if base > 0 else 0.0, stall,
+                    recompute, copied, prof.peak_bytes, starts, np.asarray(prof.live_bytes),
+                    tuple(events))

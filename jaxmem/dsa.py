@@ -1,0 +1,27 @@
+"""Offline Dynamic Storage Allocation: static offsets for buffers with known lifetimes.
+
+Public API of :mod:`jaxmem._src.dsa` (see there for the algorithms):
+
+>>> import jaxmem
+>>> sol = jaxmem.dsa.solve(lower=[0, 1], upper=[2, 3], size=[16, 8])
+>>> sol.footprint, sol.max_load, sol.proven_optimal
+(24, 24, True)
+"""
+
+from jaxmem._src.dsa import (
+    METHODS,
+    CapacityError,
+    CsvInstance,
+    Solution,
+    check,
+    from_program,
+    max_load,
+    read_csv,
+    solve,
+    write_csv,
+)
+
+__all__ = [
+    "METHODS", "CapacityError", "CsvInstance", "Solution", "check", "from_program", "max_load",
+    "read_csv", "solve", "write_csv",
+]
