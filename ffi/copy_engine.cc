@@ -286,11 +286,10 @@ std::string CopyEngine::StartOffload(const void* src, size_t bytes,
   job->bytes = bytes;
   job->dtype_code = dtype_code;
   job->src = src;
-  job->host = HostBuffer::Allocate(bytes);
-  if (!job->host.ok(bytes)) {
-    return Fail("offload_start: out of host memory allocating " +
-                std::to_string(bytes) + " bytes");
-  }
+  // From the host store's arena (the same allocator as synchronous puts), so
+  // the entry that FinishOffload publishes needs no second copy.
+  std::string err = HostStore::Global().AllocateBuffer(bytes, &job->host);
+  if (!err.empty()) return Fail("offload_start: " + err);
   job->dst = job->host.data();
   *ticket = Submit(std::move(job));
   return {};

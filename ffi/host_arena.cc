@@ -16,6 +16,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -31,12 +32,6 @@
 #endif
 
 namespace jaxmem {
-namespace {
-
-// Handle layout: [63] 0 | [62:43] arena tag (1 .. 2^20-1) | [42:0] sequence.
-constexpr int kSeqBits = 43;
-constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
-constexpr uint64_t kTagCount = (uint64_t{1} << 20) - 1;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -45,6 +40,8 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Declared in host_arena.h: seeds for handle and ticket counters that must not
+// repeat across processes (a handle from another process is reported, not aliased).
 uint64_t RandomBits() {
   uint64_t seed = 0;
   try {
@@ -59,6 +56,13 @@ uint64_t RandomBits() {
   seed ^= reinterpret_cast<uintptr_t>(&seed);
   return SplitMix64(seed);
 }
+
+namespace {
+
+// Handle layout: [63] 0 | [62:43] arena tag (1 .. 2^20-1) | [42:0] sequence.
+constexpr int kSeqBits = 43;
+constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
+constexpr uint64_t kTagCount = (uint64_t{1} << 20) - 1;
 
 // Arena tags: a process-wide counter that starts at a random value, so two
 // arenas of one process never share a tag (until 2^20 - 1 arenas were made).
@@ -106,6 +110,7 @@ const char* ArenaModeName(ArenaMode mode) {
     case ArenaMode::kVirtual: return "virtual";
     case ArenaMode::kBestFit: return "best_fit";
     case ArenaMode::kPlanned: return "planned";
+    case ArenaMode::kHeap: return "heap";
   }
   return "unknown";
 }
@@ -124,6 +129,7 @@ LockedArena::LockedArena()
       next_seq_(first_seq_) {}
 
 void LockedArena::NoteFootprintLocked(uint64_t footprint_bytes) {
+  ++grows_;
   peak_footprint_bytes_ = std::max(peak_footprint_bytes_, footprint_bytes);
 }
 
@@ -154,7 +160,7 @@ ArenaStatus LockedArena::HandleErrorLocked(uint64_t handle, const char* verb,
 
 ArenaStatus LockedArena::AllocateCommon(size_t bytes, int64_t id,
                                         Allocation* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Block block;
   ArenaStatus st = AllocateLocked(bytes, id, &block);
   if (!st.ok()) {
@@ -176,6 +182,10 @@ ArenaStatus LockedArena::AllocateCommon(size_t bytes, int64_t id,
   out->bytes = bytes;
   out->reserved_bytes = block.reserved_bytes;
   out->id = id;
+  if (block.populate) {
+    lock.unlock();
+    PopulateUnlocked(block.ptr, block.reserved_bytes);
+  }
   return ArenaStatus::Ok();
 }
 
@@ -306,6 +316,7 @@ ArenaStats LockedArena::Stats() const {
   s.allocs = allocs_;
   s.frees = frees_;
   s.errors = errors_;
+  s.grows = grows_;
   return s;
 }
 
@@ -335,7 +346,8 @@ int MemfdCreate(const char* name) {
 
 ArenaStatus VirtualChunkArena::Create(size_t chunk_bytes,
                                       size_t capacity_bytes,
-                                      std::unique_ptr<HostArena>* out) {
+                                      std::unique_ptr<HostArena>* out,
+                                      bool populate) {
   const size_t page = PageSize();
   if (chunk_bytes == 0 || chunk_bytes % page != 0) {
     return Error(ArenaCode::kInvalidArgument,
@@ -357,18 +369,21 @@ ArenaStatus VirtualChunkArena::Create(size_t chunk_bytes,
                      ErrnoText(err) +
                      "; use the 'best_fit' or 'planned' mode instead");
   }
-  out->reset(new VirtualChunkArena(fd, chunk_bytes, capacity_bytes));
+  out->reset(
+      new VirtualChunkArena(fd, chunk_bytes, capacity_bytes, populate));
   return ArenaStatus::Ok();
 }
 
 VirtualChunkArena::VirtualChunkArena(int fd, size_t chunk_bytes,
-                                     size_t capacity_bytes)
+                                     size_t capacity_bytes, bool populate)
     : fd_(fd),
       chunk_bytes_(chunk_bytes),
-      capacity_chunks_(capacity_bytes / chunk_bytes) {}
+      capacity_chunks_(capacity_bytes / chunk_bytes),
+      populate_(populate) {}
 
 VirtualChunkArena::~VirtualChunkArena() {
   for (const auto& [cookie, range] : ranges_) ::munmap(range.base, range.span);
+  for (const auto& [seq, range] : kept_) ::munmap(range.base, range.span);
   ::close(fd_);
 }
 
@@ -376,6 +391,29 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
                                               Block* block) {
   if (bytes == 0) return ArenaStatus::Ok();
   const uint64_t n = bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0);
+  // A freed range of exactly n chunks that is still mapped: reuse it whole
+  // (no mmap, no page faults), the most recently freed first (warmest).
+  auto [lo, hi] = kept_by_chunks_.equal_range(n);
+  if (lo != hi) {
+    auto last = std::prev(hi);
+    auto kept = kept_.find(last->second);
+    Range range = std::move(kept->second);
+    kept_.erase(kept);
+    kept_by_chunks_.erase(last);
+    kept_chunks_ -= n;
+    const uint64_t cookie = next_cookie_++;
+    block->ptr = range.base;
+    block->reserved_bytes = range.span;
+    block->cookie = cookie;
+    ranges_.emplace(cookie, std::move(range));
+    return ArenaStatus::Ok();
+  }
+  // Kept ranges hold free chunks: unmap the oldest ones until the free list
+  // can serve the request, before the pool may grow. So the footprint is
+  // what it would be without keeping (no external fragmentation, §4).
+  while (free_chunks_.size() < n && !kept_.empty()) {
+    UnmapKeptLocked(kept_.begin()->first);
+  }
   // Grow the physical pool (the memfd) by whole chunks when the cached free
   // chunks do not suffice (§4: physical chunks are cached for later requests).
   if (free_chunks_.size() < n) {
@@ -449,30 +487,75 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
   block->ptr = base;
   block->reserved_bytes = span;
   block->cookie = cookie;
+  block->populate = populate_;  // fresh page tables: see PopulateUnlocked
   return ArenaStatus::Ok();
+}
+
+void VirtualChunkArena::PopulateUnlocked(void* ptr, size_t bytes) {
+  // A fresh MAP_SHARED mapping has no page table entries, and write faults on
+  // it are taken one 4 KiB page at a time (fault-around only serves read
+  // faults): a 16 MiB copy into it measured ~6x a copy into mapped memory.
+  // A read-populate maps 16 pages per fault (writable: shmem needs no dirty
+  // tracking) and halves the cost. Best effort (Linux >= 5.14); no lock is
+  // needed: the block is not yet handed out, and populating a range that a
+  // racing FreeAll unmapped (ENOMEM) or remapped is harmless.
+#if defined(__linux__)
+  constexpr int kMadvPopulateRead = 22;  // MADV_POPULATE_READ
+  (void)::madvise(ptr, bytes, kMadvPopulateRead);
+#else
+  (void)ptr;
+  (void)bytes;
+#endif
+}
+
+void VirtualChunkArena::UnmapKeptLocked(uint64_t seq) {
+  auto it = kept_.find(seq);
+  if (it == kept_.end()) return;
+  const uint64_t n = it->second.chunks.size();
+  auto [lo, hi] = kept_by_chunks_.equal_range(n);
+  for (auto k = lo; k != hi; ++k) {
+    if (k->second == seq) {
+      kept_by_chunks_.erase(k);
+      break;
+    }
+  }
+  // Unmapping drops the virtual range; the memfd keeps the physical pages,
+  // which go back to the free list for any later request (§4).
+  ++unmap_calls_;
+  ::munmap(it->second.base, it->second.span);
+  for (uint64_t c : it->second.chunks) free_chunks_.insert(c);
+  kept_chunks_ -= n;
+  kept_.erase(it);
 }
 
 void VirtualChunkArena::FreeLocked(const Block& block) {
   if (block.cookie == 0) return;  // zero-byte allocation
   auto it = ranges_.find(block.cookie);
   if (it == ranges_.end()) return;
-  // Unmapping drops the virtual range; the memfd keeps the physical pages,
-  // which go back to the free list for any later request (§4).
-  ++unmap_calls_;
-  ::munmap(it->second.base, it->second.span);
-  for (uint64_t c : it->second.chunks) free_chunks_.insert(c);
+  // Keep the range mapped for a later request of the same chunk count (a
+  // training step offloads the same sizes every iteration): on a host with
+  // 4 KiB pages, mapping 16 MiB costs more than copying it (page table
+  // setup, and munmap's TLB shootdown). Paper 001 §4 maps 2 MB GPU granules,
+  // where this cost is small. Its chunks still count as free and are unmapped
+  // on demand before the pool grows, so nothing else changes.
+  const uint64_t n = it->second.chunks.size();
+  const uint64_t seq = next_kept_seq_++;
+  kept_by_chunks_.emplace(n, seq);
+  kept_.emplace(seq, std::move(it->second));
+  kept_chunks_ += n;
   ranges_.erase(it);
 }
 
 void VirtualChunkArena::FillStatsLocked(ArenaStats* s) const {
+  const uint64_t free_chunks = free_chunks_.size() + kept_chunks_;
   s->footprint_bytes = pool_chunks_ * chunk_bytes_;
   s->capacity_bytes = capacity_chunks_ * chunk_bytes_;
-  s->largest_free_block_bytes = free_chunks_.size() * chunk_bytes_;
+  s->largest_free_block_bytes = free_chunks * chunk_bytes_;
   s->map_calls = map_calls_;
   s->unmap_calls = unmap_calls_;
   s->chunk_bytes = chunk_bytes_;
   s->pool_chunks = pool_chunks_;
-  s->free_chunks = free_chunks_.size();
+  s->free_chunks = free_chunks;
 }
 
 // BestFitCachingArena (paper 001 §4's framework default) ----------------------
@@ -525,7 +608,14 @@ ArenaStatus BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
       return Error(ArenaCode::kOutOfMemory,
                    "best-fit arena: " + Bytes(bytes) + " is too large");
     }
+    const size_t need = seg;
     seg = std::max(seg, segment_bytes_);
+    if (capacity_bytes_ != 0 && footprint_ + seg > capacity_bytes_ &&
+        footprint_ + need <= capacity_bytes_) {
+      // A full segment would overshoot the cap but the request fits: take
+      // what is left (whole pages) rather than refuse it.
+      seg = (capacity_bytes_ - footprint_) / PageSize() * PageSize();
+    }
     if (capacity_bytes_ != 0 && footprint_ + seg > capacity_bytes_) {
       return Error(ArenaCode::kOutOfMemory,
                    "best-fit arena out of capacity: " + Bytes(bytes) +
@@ -604,6 +694,106 @@ void BestFitCachingArena::FillStatsLocked(ArenaStats* s) const {
   s->largest_free_block_bytes = free_.empty() ? 0 : free_.rbegin()->first;
   s->segments = segments_.size();
   s->segment_bytes = segment_bytes_;
+}
+
+// HeapCachingArena (the host store's "heap" mode) -----------------------------
+
+namespace {
+constexpr size_t kHeapPage = 4096;
+}  // namespace
+
+ArenaStatus HeapCachingArena::Create(uint64_t cache_cap_bytes,
+                                     size_t capacity_bytes,
+                                     std::unique_ptr<HostArena>* out) {
+  out->reset(new HeapCachingArena(cache_cap_bytes, capacity_bytes));
+  return ArenaStatus::Ok();
+}
+
+HeapCachingArena::HeapCachingArena(uint64_t cache_cap_bytes,
+                                   size_t capacity_bytes)
+    : cache_cap_(cache_cap_bytes), capacity_bytes_(capacity_bytes) {}
+
+HeapCachingArena::~HeapCachingArena() {
+  ReleaseCacheLocked();
+  for (const auto& [p, size] : in_use_) std::free(p);
+}
+
+void HeapCachingArena::ReleaseCacheLocked() {
+  for (const auto& [size, p] : cached_) std::free(p);
+  cached_.clear();
+  footprint_ -= cached_bytes_;
+  cached_bytes_ = 0;
+}
+
+ArenaStatus HeapCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
+                                             Block* block) {
+  if (bytes == 0) return ArenaStatus::Ok();
+  size_t rounded = 0;
+  if (!RoundUp(bytes, kHeapPage, &rounded)) {
+    return Error(ArenaCode::kOutOfMemory,
+                 "heap arena: " + Bytes(bytes) + " is too large");
+  }
+  void* p = nullptr;
+  size_t size = rounded;
+  // A cached buffer of about this size: its pages are already faulted in.
+  auto it = cached_.lower_bound(rounded);
+  if (it != cached_.end() && it->first - rounded <= rounded / 8) {
+    p = it->second;
+    size = it->first;
+    cached_bytes_ -= size;
+    cached_.erase(it);
+  } else {
+    if (capacity_bytes_ != 0 && footprint_ + rounded > capacity_bytes_) {
+      ReleaseCacheLocked();  // cached memory is only an optimisation
+      if (footprint_ + rounded > capacity_bytes_) {
+        return Error(ArenaCode::kOutOfMemory,
+                     "heap arena out of capacity: " + Bytes(bytes) +
+                         " would take the footprint (" + Bytes(footprint_) +
+                         " live) past the " + Bytes(capacity_bytes_) +
+                         " capacity");
+      }
+    }
+    if (::posix_memalign(&p, kArenaAlignment, rounded) != 0) p = nullptr;
+    if (p == nullptr) {
+      return Error(ArenaCode::kOutOfMemory,
+                   "heap arena: posix_memalign of " + Bytes(rounded) +
+                       " failed");
+    }
+    footprint_ += rounded;
+    NoteFootprintLocked(footprint_);
+  }
+  in_use_[p] = size;
+  live_rounded_ += size;
+  high_water_ = std::max(high_water_, live_rounded_);
+  block->ptr = p;
+  block->reserved_bytes = size;
+  block->cookie = reinterpret_cast<uintptr_t>(p);
+  return ArenaStatus::Ok();
+}
+
+void HeapCachingArena::FreeLocked(const Block& block) {
+  if (block.ptr == nullptr) return;  // zero-byte allocation
+  auto it = in_use_.find(block.ptr);
+  if (it == in_use_.end()) return;
+  const size_t size = it->second;
+  in_use_.erase(it);
+  live_rounded_ -= size;
+  if (cached_bytes_ + size <= cache_cap_ &&
+      cached_bytes_ + size <= high_water_) {
+    cached_.emplace(size, block.ptr);
+    cached_bytes_ += size;
+    return;
+  }
+  // free() of a large buffer is an munmap under the lock: rare (only beyond
+  // the high-water mark or the cap), and it keeps the footprint exact.
+  std::free(block.ptr);
+  footprint_ -= size;
+}
+
+void HeapCachingArena::FillStatsLocked(ArenaStats* s) const {
+  s->footprint_bytes = footprint_;
+  s->capacity_bytes = capacity_bytes_;
+  s->largest_free_block_bytes = cached_.empty() ? 0 : cached_.rbegin()->first;
 }
 
 // PlannedArena (paper 003 §III) -----------------------------------------------
@@ -901,6 +1091,37 @@ StressResult RunStress(HostArena* arena, const StressOptions& options) {
 
 // Python bindings -------------------------------------------------------------
 
+// The stats as a dict (the host store's `store_stats()["arena"]` too).
+nanobind::dict ArenaStatsDict(const ArenaStats& s, const char* mode) {
+  namespace nb = nanobind;
+  nb::dict d;
+  d["mode"] = mode;
+  d["footprint_bytes"] = s.footprint_bytes;
+  d["peak_footprint_bytes"] = s.peak_footprint_bytes;
+  d["capacity_bytes"] = s.capacity_bytes;
+  d["live_bytes"] = s.live_bytes;
+  d["peak_live_bytes"] = s.peak_live_bytes;
+  d["requested_live_bytes"] = s.requested_live_bytes;
+  d["peak_requested_bytes"] = s.peak_requested_bytes;
+  d["live_allocations"] = s.live_allocations;
+  d["free_bytes"] = s.free_bytes;
+  d["largest_free_block_bytes"] = s.largest_free_block_bytes;
+  d["internal_fragmentation"] = s.internal_fragmentation;
+  d["external_fragmentation"] = s.external_fragmentation;
+  d["allocs"] = s.allocs;
+  d["frees"] = s.frees;
+  d["errors"] = s.errors;
+  d["grows"] = s.grows;
+  d["map_calls"] = s.map_calls;
+  d["unmap_calls"] = s.unmap_calls;
+  d["segments"] = s.segments;
+  d["chunk_bytes"] = s.chunk_bytes;
+  d["pool_chunks"] = s.pool_chunks;
+  d["free_chunks"] = s.free_chunks;
+  d["segment_bytes"] = s.segment_bytes;
+  return d;
+}
+
 namespace {
 
 namespace nb = nanobind;
@@ -944,31 +1165,7 @@ class PyHostArena {
 };
 
 nb::dict StatsDict(const ArenaStats& s, ArenaMode mode) {
-  nb::dict d;
-  d["mode"] = ArenaModeName(mode);
-  d["footprint_bytes"] = s.footprint_bytes;
-  d["peak_footprint_bytes"] = s.peak_footprint_bytes;
-  d["capacity_bytes"] = s.capacity_bytes;
-  d["live_bytes"] = s.live_bytes;
-  d["peak_live_bytes"] = s.peak_live_bytes;
-  d["requested_live_bytes"] = s.requested_live_bytes;
-  d["peak_requested_bytes"] = s.peak_requested_bytes;
-  d["live_allocations"] = s.live_allocations;
-  d["free_bytes"] = s.free_bytes;
-  d["largest_free_block_bytes"] = s.largest_free_block_bytes;
-  d["internal_fragmentation"] = s.internal_fragmentation;
-  d["external_fragmentation"] = s.external_fragmentation;
-  d["allocs"] = s.allocs;
-  d["frees"] = s.frees;
-  d["errors"] = s.errors;
-  d["map_calls"] = s.map_calls;
-  d["unmap_calls"] = s.unmap_calls;
-  d["segments"] = s.segments;
-  d["chunk_bytes"] = s.chunk_bytes;
-  d["pool_chunks"] = s.pool_chunks;
-  d["free_chunks"] = s.free_chunks;
-  d["segment_bytes"] = s.segment_bytes;
-  return d;
+  return ArenaStatsDict(s, ArenaModeName(mode));
 }
 
 // {id: value} from a dict, or {index: value} from a sequence.

@@ -13,6 +13,8 @@
 //     `mmap(MAP_FIXED | MAP_SHARED, memfd, chunk_offset)`. Chunks combine in
 //     any order, so there is no external fragmentation; the waste is internal
 //     (rounding up to whole chunks, §4 eq. (1): < 1 chunk per allocation).
+//     Freed ranges stay mapped for reuse by a request of the same chunk
+//     count until their chunks are needed elsewhere (see the class).
 //   * `BestFitCachingArena` — the "best-fit with caching" allocator that §4
 //     names as the framework default (TensorFlow BFC, PyTorch's caching
 //     allocator, NNL): grows by segments obtained from the OS and never
@@ -22,6 +24,9 @@
 //   * `PlannedArena` — static offsets from an offline DSA solver (paper 003,
 //     SmartPool §III, "Dynamic Storage Allocation"): one buffer of the planned
 //     footprint; allocation `id` lives at `base + offset[id]`.
+//   * `HeapCachingArena` — the host store's original allocator, kept as the
+//     store's "heap" mode: one `posix_memalign` per allocation, freed buffers
+//     cached by size (see the class). Not offered by `make_arena`.
 //
 // Common contract:
 //   * Every successful allocation gets an opaque 64-bit handle that is never
@@ -36,10 +41,11 @@
 //     allocations are valid, take no memory and have a null pointer.
 //   * All methods are thread-safe (one mutex per arena).
 //
-// Plugging into the host store: `HostStore::Put` would call
-// `arena->Allocate(bytes, &a)`, copy into `a.ptr` and key its entry by
-// `a.handle`; `Take` copies out of `Lookup(handle).ptr` and calls
-// `Free(handle)`. The arena never touches payload bytes itself.
+// Plugging into the host store (host_store.h): `HostStore` holds one
+// `std::shared_ptr<HostArena>`; its Put calls `arena->Allocate(bytes, &a)` and
+// copies into `a.ptr` outside the arena's lock (the pointer is stable until
+// `Free`); the `HostBuffer` that owns `a` calls `Free(a.handle)` when the
+// entry is taken, erased or cleared. The arena never touches payload bytes.
 
 #ifndef JAXMEM_FFI_HOST_ARENA_H_
 #define JAXMEM_FFI_HOST_ARENA_H_
@@ -57,12 +63,17 @@
 
 namespace jaxmem {
 
+// SplitMix64 finalizer (a bijective 64-bit mix).
+uint64_t SplitMix64(uint64_t x);
+// 64 random bits from std::random_device mixed with time, pid and an address.
+uint64_t RandomBits();
+
 // Alignment of every pointer handed out by an arena.
 inline constexpr size_t kArenaAlignment = 64;
 
-enum class ArenaMode { kVirtual, kBestFit, kPlanned };
+enum class ArenaMode { kVirtual, kBestFit, kPlanned, kHeap };
 
-// "virtual", "best_fit", "planned".
+// "virtual", "best_fit", "planned", "heap".
 const char* ArenaModeName(ArenaMode mode);
 
 // Why an arena call failed.
@@ -133,6 +144,8 @@ struct ArenaStats {
   uint64_t allocs = 0;   // successful allocations
   uint64_t frees = 0;    // successful frees
   uint64_t errors = 0;   // failed calls of any kind
+  uint64_t grows = 0;    // times the footprint grew (memory from the OS);
+                         // allocs - grows were served from cached memory
   uint64_t map_calls = 0;     // virtual: mmap calls (reservations + chunks)
   uint64_t unmap_calls = 0;   // virtual: munmap calls
   uint64_t segments = 0;      // best-fit: segments obtained from the OS
@@ -204,6 +217,7 @@ class LockedArena : public HostArena {
     size_t reserved_bytes = 0;
     int64_t id = -1;
     uint64_t cookie = 0;
+    bool populate = false;  // call PopulateUnlocked once the lock is dropped
   };
 
   // Fill `block` for a request of `bytes` (`id` >= 0: planned slot).
@@ -214,8 +228,11 @@ class LockedArena : public HostArena {
   // Fill the mode-specific fields: footprint, capacity, free-block shape,
   // map/segment counters. Live/requested/op counts are filled by the base.
   virtual void FillStatsLocked(ArenaStats* stats) const = 0;
+  // For blocks with `populate` set: prepares the pages (outside `mu_`,
+  // before the allocation is returned).
+  virtual void PopulateUnlocked(void* /*ptr*/, size_t /*bytes*/) {}
 
-  // Called by subclasses when the footprint changes.
+  // Called by subclasses when the footprint grows (counted in `grows`).
   void NoteFootprintLocked(uint64_t footprint_bytes);
 
   mutable std::mutex mu_;
@@ -236,18 +253,29 @@ class LockedArena : public HostArena {
   uint64_t peak_footprint_bytes_ = 0;
   uint64_t allocs_ = 0;
   uint64_t frees_ = 0;
+  uint64_t grows_ = 0;
   mutable uint64_t errors_ = 0;
 };
 
 // Paper 001 §4: fixed-size physical chunks mapped into contiguous virtual
 // ranges. Footprint = pool size (chunks ever created; never shrinks).
+//
+// A freed range stays mapped ("kept") and serves the next request of the same
+// chunk count without any system call; kept chunks count as free and are
+// unmapped, oldest first, before the pool would grow, so footprint and
+// fragmentation are those of unmapping at once. With `populate`, fresh
+// mappings are read-populated outside the lock (PopulateUnlocked in the .cc).
 class VirtualChunkArena : public LockedArena {
  public:
   // `chunk_bytes` must be a positive multiple of the page size;
   // `capacity_bytes` caps the physical pool (0: unbounded). Fails with
   // kUnavailable when memfd_create is missing (non-Linux or old kernels).
+  // `populate`: pre-fault every fresh mapping (outside the lock) for callers
+  // that write the whole allocation at once (the host store); it commits
+  // the pages, so replays that never touch their memory leave it off.
   static ArenaStatus Create(size_t chunk_bytes, size_t capacity_bytes,
-                            std::unique_ptr<HostArena>* out);
+                            std::unique_ptr<HostArena>* out,
+                            bool populate = false);
   ~VirtualChunkArena() override;
 
   ArenaMode mode() const override { return ArenaMode::kVirtual; }
@@ -256,13 +284,17 @@ class VirtualChunkArena : public LockedArena {
   ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
   void FreeLocked(const Block& block) override;
   void FillStatsLocked(ArenaStats* stats) const override;
+  void PopulateUnlocked(void* ptr, size_t bytes) override;
 
  private:
-  VirtualChunkArena(int fd, size_t chunk_bytes, size_t capacity_bytes);
+  VirtualChunkArena(int fd, size_t chunk_bytes, size_t capacity_bytes,
+                    bool populate);
+  void UnmapKeptLocked(uint64_t seq);  // unmaps a kept range, frees chunks
 
   int fd_;
   size_t chunk_bytes_;
   size_t capacity_chunks_;  // 0: unbounded
+  bool populate_;
   uint64_t pool_chunks_ = 0;
   std::set<uint64_t> free_chunks_;  // lowest first: runs map in one call
   // A live virtual range and the physical chunks mapped into it.
@@ -273,6 +305,10 @@ class VirtualChunkArena : public LockedArena {
   };
   std::unordered_map<uint64_t, Range> ranges_;  // by cookie
   uint64_t next_cookie_ = 1;
+  std::map<uint64_t, Range> kept_;  // freed, still mapped; by free order
+  std::multimap<uint64_t, uint64_t> kept_by_chunks_;  // chunk count -> seq
+  uint64_t kept_chunks_ = 0;
+  uint64_t next_kept_seq_ = 0;
   uint64_t map_calls_ = 0;
   uint64_t unmap_calls_ = 0;
 };
@@ -343,6 +379,47 @@ class PlannedArena : public LockedArena {
   uint64_t footprint_;
   std::set<int64_t> live_ids_;
   std::map<uint64_t, uint64_t> live_ranges_;  // offset -> end, nonempty only
+};
+
+// The host store's original allocator (its "heap" mode): every allocation is
+// a `posix_memalign` of the size rounded up to 4 KiB, and freed buffers are
+// kept for reuse by a later request of the same rounded size (best fit
+// within 1/8). On the VMs we measured, first-touch page faults of a fresh
+// 16 MiB allocation cost 3-10x the memcpy itself, so a training loop that
+// offloads the same sizes every step must reuse warm memory. The cache holds
+// at most the high-water mark of live bytes (what the workload needed at once
+// anyway) and at most `cache_cap_bytes`; a freed buffer beyond that goes back
+// to the system. Footprint = live + cached buffers; it shrinks on such frees.
+// Unlike best-fit, buffers are never split or merged: a cached buffer serves
+// only requests of about its own size (the size-keyed reuse that paper 001 §4
+// contrasts with chunk mapping).
+class HeapCachingArena : public LockedArena {
+ public:
+  // `capacity_bytes` caps the footprint (0: unbounded; cached buffers are
+  // released before a request is refused).
+  static ArenaStatus Create(uint64_t cache_cap_bytes, size_t capacity_bytes,
+                            std::unique_ptr<HostArena>* out);
+  ~HeapCachingArena() override;
+
+  ArenaMode mode() const override { return ArenaMode::kHeap; }
+
+ protected:
+  ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
+  void FreeLocked(const Block& block) override;
+  void FillStatsLocked(ArenaStats* stats) const override;
+
+ private:
+  HeapCachingArena(uint64_t cache_cap_bytes, size_t capacity_bytes);
+  void ReleaseCacheLocked();
+
+  uint64_t cache_cap_;
+  size_t capacity_bytes_;
+  std::multimap<size_t, void*> cached_;     // rounded size -> buffer
+  std::unordered_map<void*, size_t> in_use_;  // handed out: buffer -> size
+  uint64_t cached_bytes_ = 0;
+  uint64_t live_rounded_ = 0;
+  uint64_t high_water_ = 0;  // max live_rounded_
+  uint64_t footprint_ = 0;   // live + cached
 };
 
 // Options of the C++ stress driver.

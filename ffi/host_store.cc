@@ -4,37 +4,19 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <new>
 #include <random>
+#include <sstream>
 #include <utility>
 
 namespace jaxmem {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-void* AlignedAlloc(size_t bytes) {
-  void* p = nullptr;
-  if (::posix_memalign(&p, kHostStoreAlignment, bytes) != 0) return nullptr;
-  return p;
-}
-
-constexpr size_t kCachePage = 4096;
-
-size_t RoundUp(size_t bytes) {
-  return (bytes + kCachePage - 1) / kCachePage * kCachePage;
-}
 
 uint64_t CacheCapFromEnv() {
   const char* env = std::getenv("JAXMEM_HOST_CACHE_BYTES");
@@ -44,110 +26,108 @@ uint64_t CacheCapFromEnv() {
   return end == env ? (8ULL << 30) : static_cast<uint64_t>(n);
 }
 
-// Freed heap buffers by rounded size. See HostBuffer in host_store.h.
-class BufferCache {
- public:
-  static BufferCache& Global() {
-    static BufferCache* cache = new BufferCache();  // leaked like the store
-    return *cache;
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return {};
+  size_t e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+// "123", "4K", "4KiB", "2M", "2MiB", "1G", "1GiB" (binary units), case-blind.
+bool ParseBytes(const std::string& text, uint64_t* out) {
+  const std::string t = Trim(text);
+  size_t i = 0;
+  while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+  if (i == 0 || i > 19) return false;
+  uint64_t n = std::strtoull(t.substr(0, i).c_str(), nullptr, 10);
+  std::string unit;
+  for (char c : t.substr(i)) {
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
-
-  void* Take(size_t rounded) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.lower_bound(rounded);
-      if (it != free_.end() && it->first - rounded <= rounded / 8) {
-        void* p = it->second.first;
-        size_t size = it->first;
-        free_.erase(it);
-        cached_ -= size;
-        ++hits_;
-        in_use_[p] = size;
-        return p;
-      }
-      ++misses_;
-    }
-    void* p = AlignedAlloc(rounded);
-    if (p != nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_use_[p] = rounded;
-    }
-    return p;
+  int shift = 0;
+  if (unit.empty() || unit == "b") {
+    shift = 0;
+  } else if (unit == "k" || unit == "kib") {
+    shift = 10;
+  } else if (unit == "m" || unit == "mib") {
+    shift = 20;
+  } else if (unit == "g" || unit == "gib") {
+    shift = 30;
+  } else {
+    return false;
   }
-
-  void Give(void* p) {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto it = in_use_.find(p);
-    size_t size = it == in_use_.end() ? 0 : it->second;
-    if (it != in_use_.end()) in_use_.erase(it);
-    // Keep it if the cache stays within the high-water mark of live bytes
-    // (what the workload needed at once anyway) and the configured cap.
-    if (size > 0 && cached_ + size <= cap_ && cached_ + size <= high_water_) {
-      free_.emplace(size, std::make_pair(p, ++seq_));
-      cached_ += size;
-      return;
-    }
-    lock.unlock();
-    std::free(p);
-  }
-
-  void NoteLive(uint64_t live_bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (live_bytes > high_water_) high_water_ = live_bytes;
-  }
-
-  uint64_t Trim() {
-    std::multimap<size_t, std::pair<void*, uint64_t>> doomed;
-    uint64_t freed = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      doomed.swap(free_);
-      freed = cached_;
-      cached_ = 0;
-      high_water_ = 0;
-    }
-    for (auto& [size, entry] : doomed) std::free(entry.first);
-    return freed;
-  }
-
-  void Stats(HostStoreStats* s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    s->cached_bytes = cached_;
-    s->cache_hits = hits_;
-    s->cache_misses = misses_;
-  }
-
- private:
-  std::mutex mu_;
-  std::multimap<size_t, std::pair<void*, uint64_t>> free_;
-  std::unordered_map<void*, size_t> in_use_;
-  uint64_t cached_ = 0;
-  uint64_t high_water_ = 0;
-  uint64_t cap_ = CacheCapFromEnv();
-  uint64_t hits_ = 0;
-  uint64_t misses_ = 0;
-  uint64_t seq_ = 0;
-};
-
-void CachedFree(void* p, size_t /*bytes*/) { BufferCache::Global().Give(p); }
+  if (shift > 0 && n > (~uint64_t{0} >> shift)) return false;
+  *out = n << shift;
+  return true;
+}
 
 }  // namespace
+
+std::string ParseHostArenaConfig(const std::string& text,
+                                 HostArenaConfig* out) {
+  HostArenaConfig c;
+  const size_t colon = text.find(':');
+  c.mode = Trim(text.substr(0, colon));
+  if (c.mode != "best_fit" && c.mode != "virtual" && c.mode != "heap") {
+    return "unknown host arena mode '" + c.mode +
+           "': expected 'best_fit', 'virtual' or 'heap' (planned mode is "
+           "not available to the host store)";
+  }
+  if (colon != std::string::npos) {
+    std::stringstream ss(text.substr(colon + 1));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (Trim(item).empty()) continue;
+      const size_t eq = item.find('=');
+      const std::string key = Trim(item.substr(0, eq));
+      uint64_t value = 0;
+      if (eq == std::string::npos || !ParseBytes(item.substr(eq + 1), &value)) {
+        return "bad option '" + Trim(item) +
+               "': expected KEY=BYTES, e.g. chunk_bytes=2M";
+      }
+      if (key == "chunk_bytes") {
+        c.chunk_bytes = value;
+      } else if (key == "segment_bytes") {
+        c.segment_bytes = value;
+      } else if (key == "capacity_bytes") {
+        c.capacity_bytes = value;
+      } else {
+        return "unknown option '" + key +
+               "': expected chunk_bytes, segment_bytes or capacity_bytes";
+      }
+    }
+  }
+  *out = c;
+  return {};
+}
+
+std::string MakeHostArena(const HostArenaConfig& config,
+                          std::shared_ptr<HostArena>* out) {
+  std::unique_ptr<HostArena> arena;
+  ArenaStatus st;
+  if (config.mode == "best_fit") {
+    st = BestFitCachingArena::Create(config.segment_bytes,
+                                     config.capacity_bytes, &arena);
+  } else if (config.mode == "virtual") {
+    // The store writes every allocation in full right away: pre-fault it.
+    st = VirtualChunkArena::Create(config.chunk_bytes, config.capacity_bytes,
+                                   &arena, /*populate=*/true);
+  } else if (config.mode == "heap") {
+    st = HeapCachingArena::Create(CacheCapFromEnv(), config.capacity_bytes,
+                                  &arena);
+  } else {
+    return "unknown host arena mode '" + config.mode +
+           "': expected 'best_fit', 'virtual' or 'heap'";
+  }
+  if (!st.ok()) return st.message();
+  *out = std::shared_ptr<HostArena>(std::move(arena));
+  return {};
+}
 
 // 62 random bits, never 0, and the counter cannot wrap in any realistic
 // process lifetime.
 uint64_t RandomFirstId() {
-  uint64_t seed = 0;
-  try {
-    std::random_device rd;
-    seed = (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
-  } catch (...) {
-    // Fall through to the time/pid mix below.
-  }
-  seed ^= static_cast<uint64_t>(
-      std::chrono::high_resolution_clock::now().time_since_epoch().count());
-  seed ^= static_cast<uint64_t>(::getpid()) << 40;
-  seed ^= reinterpret_cast<uintptr_t>(&seed);
-  uint64_t mixed = SplitMix64(seed);
+  uint64_t mixed = RandomBits();
   return (mixed & 0x3fffffffffffffffULL) | 0x4000000000000000ULL;
 }
 
@@ -157,6 +137,9 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     free_ = std::exchange(other.free_, nullptr);
+    arena_ = std::move(other.arena_);
+    other.arena_ = nullptr;
+    arena_handle_ = std::exchange(other.arena_handle_, 0);
     wait_ready_ = std::move(other.wait_ready_);
     other.wait_ready_ = nullptr;
   }
@@ -166,20 +149,20 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 void HostBuffer::Reset() {
   // A buffer still being written by a copy stream must not be freed under it.
   WaitReady();
-  if (data_ != nullptr && free_ != nullptr) free_(data_, bytes_);
+  if (arena_ != nullptr) {
+    // Cannot fail for a handle this buffer owns; a failure would be an arena
+    // bug, and leaking is better than crashing in a destructor.
+    (void)arena_->Free(arena_handle_);
+    // The last buffer of a replaced arena releases it (and its memory) here.
+    arena_.reset();
+  } else if (data_ != nullptr && free_ != nullptr) {
+    free_(data_, bytes_);
+  }
   data_ = nullptr;
   bytes_ = 0;
   free_ = nullptr;
+  arena_handle_ = 0;
 }
-
-HostBuffer HostBuffer::Allocate(size_t bytes) {
-  if (bytes == 0) return HostBuffer();
-  void* p = BufferCache::Global().Take(RoundUp(bytes));
-  if (p == nullptr) return HostBuffer();
-  return HostBuffer(p, bytes, &CachedFree);
-}
-
-uint64_t HostBuffer::TrimCache() { return BufferCache::Global().Trim(); }
 
 std::string FormatHandle(uint64_t id) {
   char buf[32];
@@ -235,12 +218,78 @@ HostStore& HostStore::Global() {
 
 HostStore::HostStore() : first_id_(RandomFirstId()), next_id_(first_id_) {}
 
+void HostStore::EnsureConfigLocked() const {
+  if (config_read_) return;
+  config_read_ = true;
+  const char* env = std::getenv("JAXMEM_HOST_ARENA");
+  if (env == nullptr || Trim(env).empty()) return;
+  HostArenaConfig config;
+  std::string err = ParseHostArenaConfig(env, &config);
+  if (!err.empty()) {
+    // Every allocation reports this (rather than silently using another
+    // allocator than the one asked for); store_configure() overrides it.
+    config_error_ = std::string("$JAXMEM_HOST_ARENA='") + env +
+                    "' is invalid: " + err +
+                    "; fix it or call jaxmem.native.store_configure()";
+    return;
+  }
+  config_ = config;
+  config_source_ = "env";
+}
+
+std::string HostStore::EnsureArenaLocked(std::shared_ptr<HostArena>* out) {
+  EnsureConfigLocked();
+  if (!config_error_.empty()) return config_error_;
+  if (arena_ == nullptr) {
+    std::string err = MakeHostArena(config_, &arena_);
+    if (!err.empty()) {
+      return std::string("cannot create the ") + config_.mode +
+             " host arena (from " + config_source_ + "): " + err;
+    }
+  }
+  *out = arena_;
+  return {};
+}
+
+std::shared_ptr<HostArena> HostStore::RetireArenaLocked() {
+  std::shared_ptr<HostArena> old = std::move(arena_);
+  arena_ = nullptr;
+  if (old != nullptr) {
+    // Lock order store -> arena, as everywhere (arena locks never nest out).
+    ArenaStats a = old->Stats();
+    retired_hits_ += a.allocs >= a.grows ? a.allocs - a.grows : 0;
+    retired_misses_ += a.grows;
+  }
+  return old;
+}
+
+std::string HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
+  *out = HostBuffer();
+  if (bytes == 0) return {};
+  std::shared_ptr<HostArena> arena;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string err = EnsureArenaLocked(&arena);
+    if (!err.empty()) return err;
+  }
+  // Outside the store's lock: concurrent puts only meet in the arena's lock,
+  // and only for its bookkeeping (the copies run unlocked).
+  Allocation a;
+  ArenaStatus st = arena->Allocate(bytes, &a);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return "out of host memory allocating " + std::to_string(bytes) +
+           " bytes (host store holds " + std::to_string(stats_.live_bytes) +
+           " bytes in " + std::to_string(stats_.live_entries) +
+           " entries): " + st.message();
+  }
+  *out = HostBuffer(std::move(arena), a.handle, a.ptr, bytes);
+  return {};
+}
+
 std::string HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
                            uint64_t* id) {
-  // Allocate and copy outside the lock so that concurrent puts overlap.
-  Entry entry;
-  entry.bytes = bytes;
-  entry.dtype_code = dtype_code;
+  HostBuffer buffer;
   if (bytes > 0) {
     if (data == nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -248,17 +297,60 @@ std::string HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
       return "source buffer is null but has " + std::to_string(bytes) +
              " bytes";
     }
-    entry.data = HostBuffer::Allocate(bytes);
-    if (!entry.data.ok(bytes)) {
+    std::string err = AllocateBuffer(bytes, &buffer);
+    if (!err.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.total_errors;
-      return "out of host memory allocating " + std::to_string(bytes) +
-             " bytes (host store holds " + std::to_string(stats_.live_bytes) +
-             " bytes in " + std::to_string(stats_.live_entries) + " entries)";
+      return err;
     }
-    std::memcpy(entry.data.data(), data, bytes);
+    // The arena's pointer is stable until Free, which only this buffer's
+    // owner calls: copy outside every lock so that concurrent puts overlap.
+    std::memcpy(buffer.data(), data, bytes);
   }
-  return Insert(std::move(entry.data), bytes, dtype_code, id);
+  return Insert(std::move(buffer), bytes, dtype_code, id);
+}
+
+std::string HostStore::Configure(const HostArenaConfig& config) {
+  std::shared_ptr<HostArena> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    EnsureConfigLocked();  // so that the environment cannot override it later
+    if (!entries_.empty()) {
+      return "store_configure: the host store is not empty (it holds " +
+             std::to_string(stats_.live_bytes) + " bytes in " +
+             std::to_string(stats_.live_entries) +
+             " entries); fetch them or call jaxmem.native.store_clear() "
+             "first";
+    }
+    if (arena_ != nullptr) {
+      const uint64_t held = arena_->Stats().live_allocations;
+      if (held > 0) {
+        return "store_configure: the host store is not empty (" +
+               std::to_string(held) +
+               " host buffers are held by asynchronous copies that were "
+               "started but not finished); finish them or call "
+               "jaxmem.native.store_clear() first";
+      }
+    }
+    std::shared_ptr<HostArena> fresh;
+    std::string err = MakeHostArena(config, &fresh);
+    if (!err.empty()) return "store_configure: " + err;
+    old = RetireArenaLocked();
+    arena_ = std::move(fresh);
+    config_ = config;
+    config_source_ = "store_configure";
+    config_error_.clear();
+  }
+  return {};  // `old` (empty) is released outside the lock
+}
+
+HostArenaConfig HostStore::Config(std::string* source,
+                                  std::string* error) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EnsureConfigLocked();
+  if (source != nullptr) *source = config_source_;
+  if (error != nullptr) *error = config_error_;
+  return config_;
 }
 
 std::string HostStore::UnknownHandleMessage(uint64_t id) const {
@@ -336,7 +428,6 @@ std::string HostStore::Insert(HostBuffer buffer, size_t bytes,
   if (stats_.live_bytes > stats_.peak_bytes) {
     stats_.peak_bytes = stats_.live_bytes;
   }
-  BufferCache::Global().NoteLive(stats_.live_bytes);
   *id = new_id;
   return {};
 }
@@ -364,16 +455,36 @@ bool HostStore::Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const {
 
 HostStoreStats HostStore::Stats() const {
   HostStoreStats s;
+  std::shared_ptr<HostArena> arena;
+  HostArenaConfig config;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    EnsureConfigLocked();
     s = stats_;
+    arena = arena_;
+    config = config_;
+    s.arena_mode = config_error_.empty() ? config_.mode : "invalid";
+    s.cache_hits = retired_hits_;
+    s.cache_misses = retired_misses_;
   }
-  BufferCache::Global().Stats(&s);
+  if (arena != nullptr) {
+    s.arena = arena->Stats();
+  } else {
+    // Not made yet (first use, or dropped by Clear): nothing is held.
+    if (config.mode == "virtual") s.arena.chunk_bytes = config.chunk_bytes;
+    if (config.mode == "best_fit") s.arena.segment_bytes = config.segment_bytes;
+    s.arena.capacity_bytes = config.capacity_bytes;
+  }
+  s.cached_bytes = s.arena.free_bytes;
+  s.cache_hits +=
+      s.arena.allocs >= s.arena.grows ? s.arena.allocs - s.arena.grows : 0;
+  s.cache_misses += s.arena.grows;
   return s;
 }
 
 uint64_t HostStore::Clear() {
   std::unordered_map<uint64_t, Entry> doomed;
+  std::shared_ptr<HostArena> old;
   uint64_t freed = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -381,9 +492,12 @@ uint64_t HostStore::Clear() {
     freed = stats_.live_bytes;
     stats_.live_bytes = 0;
     stats_.live_entries = 0;
+    // Drop the arena so that its cached memory goes back to the OS; the next
+    // allocation makes a fresh one of the same configuration.
+    old = RetireArenaLocked();
   }
-  doomed.clear();  // frees the buffers (into the cache) outside the lock
-  HostBuffer::TrimCache();
+  doomed.clear();  // frees the buffers into `old` outside the lock
+  old.reset();     // unmaps it, unless copies in flight still hold buffers
   return freed;
 }
 

@@ -2,18 +2,56 @@
 //
 // A thread-safe native host store for jaxmem's offload/fetch custom calls.
 //
-// `Put` copies a buffer into a fresh 64-byte aligned heap allocation and
-// returns a 64-bit handle; `Take` copies it back out and erases the entry.
-// Handles come from a per-process counter that starts at a random value and
-// is never reused, so a handle that was already fetched, cleared, or that
-// came from another process is reported as an error instead of aliasing live
-// data. No operation crashes on a bad handle.
+// `Put` copies a buffer into host memory taken from the store's arena and
+// returns a 64-bit handle; `Take` copies it back out and erases the entry,
+// which frees the memory into the arena. Handles come from a per-process
+// counter that starts at a random value and is never reused, so a handle
+// that was already fetched, cleared, or that came from another process is
+// reported as an error instead of aliasing live data. No operation crashes
+// on a bad handle.
+//
+// The backing allocator is a `HostArena` (host_arena.h), chosen by
+// `HostStore::Configure` (Python: `jaxmem.native.store_configure`) or by
+// $JAXMEM_HOST_ARENA, read at the store's first use:
+//
+//   * "best_fit" (default): `BestFitCachingArena`, paper 001 §4's framework
+//     default. It caches freed memory itself (segments are kept, blocks split
+//     and coalesce), so a step that offloads the same sizes every iteration
+//     reuses warm, already faulted-in pages: as fast as the old size cache.
+//   * "virtual": `VirtualChunkArena`, paper 001 §4's fix for fragmentation:
+//     physical chunks (memfd) mapped into a fresh virtual range per entry;
+//     footprint is a whole number of chunks, free chunks serve any size.
+//   * "heap": `HeapCachingArena`, the store's original posix_memalign + size
+//     cache (the cache cap is $JAXMEM_HOST_CACHE_BYTES, default 8 GiB).
+//
+// The old size cache is *not* kept as a layer above the arena: best-fit
+// already caches, a size cache above "virtual" would pin chunk sets to sizes
+// and bring back the size-keyed fragmentation §4 removes, and above either it
+// would hide freed memory from the arena's footprint/fragmentation counters
+// (a cached buffer looks live to the arena). It lives on as the "heap" mode.
+//
+// The store keys entries by its own handles, not by arena handles: handle
+// validation must survive an arena being replaced, and CUDA builds publish
+// pinned buffers (jaxmem_cuda.cu's PinnedPool), which are not arena memory.
+// The arena handle travels inside the entry's `HostBuffer`.
+//
+// `Clear` also drops the arena (a fresh one of the same configuration is made
+// at the next use), returning its cached memory to the OS as the old cache
+// trim did; arena counters (footprint, peak footprint) restart there.
+// Buffers still held elsewhere keep their old arena alive through a
+// `shared_ptr` and free into it, so clearing or reconfiguring never frees
+// memory that a copy in flight still uses.
 //
 // The asynchronous copy engine (copy_engine.h, and the CUDA path in
-// jaxmem_cuda.cu) fills and drains entries outside the store: it allocates a
-// `HostBuffer`, copies into it on a worker thread or a copy stream, and only
-// then publishes it with `Insert`; a fetch `Remove`s the buffer first (so a
-// second fetch of the handle fails at once) and copies out of it afterwards.
+// jaxmem_cuda.cu) fills and drains entries outside the store: it takes a
+// `HostBuffer` from `AllocateBuffer`, copies into it on a worker thread or a
+// copy stream, and only then publishes it with `Insert`; a fetch `Remove`s
+// the buffer first (so a second fetch of the handle fails at once) and copies
+// out of it afterwards.
+//
+// Out of scope: planned mode (`PlannedArena`, offsets from the DSA solver)
+// through the custom calls; it would need the plan's slot ids as custom-call
+// attributes. `Configure` refuses it.
 
 #ifndef JAXMEM_FFI_HOST_STORE_H_
 #define JAXMEM_FFI_HOST_STORE_H_
@@ -27,10 +65,32 @@
 #include <string>
 #include <unordered_map>
 
+#include "host_arena.h"
+
 namespace jaxmem {
 
 // Alignment of every buffer held by the store.
 inline constexpr size_t kHostStoreAlignment = 64;
+static_assert(kArenaAlignment % kHostStoreAlignment == 0,
+              "arena pointers must satisfy the store's alignment");
+
+// Which arena backs the host store. See the file comment for the modes.
+struct HostArenaConfig {
+  std::string mode = "best_fit";          // "best_fit", "virtual" or "heap"
+  uint64_t chunk_bytes = uint64_t{2} << 20;    // virtual: physical chunk
+  uint64_t segment_bytes = uint64_t{2} << 20;  // best_fit: min segment
+  uint64_t capacity_bytes = 0;                 // footprint cap (0: none)
+};
+
+// Parses a $JAXMEM_HOST_ARENA value: "MODE" or "MODE:KEY=VALUE,...", with
+// KEY one of chunk_bytes, segment_bytes, capacity_bytes and VALUE an integer
+// with an optional K/M/G (KiB/MiB/GiB) suffix, e.g. "virtual:chunk_bytes=4M".
+// Returns an error message, or "" and the result in `*out`.
+std::string ParseHostArenaConfig(const std::string& text, HostArenaConfig* out);
+
+// Makes the arena `config` describes; returns an error message or "".
+std::string MakeHostArena(const HostArenaConfig& config,
+                          std::shared_ptr<HostArena>* out);
 
 // A snapshot of the store's counters.
 struct HostStoreStats {
@@ -40,20 +100,21 @@ struct HostStoreStats {
   uint64_t total_puts = 0;    // successful Put calls
   uint64_t total_takes = 0;   // successful Take calls
   uint64_t total_errors = 0;  // failed Put/Take calls
-  uint64_t cached_bytes = 0;  // freed heap buffers kept for reuse
-  uint64_t cache_hits = 0;    // allocations served from the cache
-  uint64_t cache_misses = 0;  // allocations that went to the system
+  // Memory of the current arena not handed out (best-fit free blocks, free
+  // virtual chunks, cached heap buffers: `arena.free_bytes`); allocations
+  // served from such memory, and allocations that grew the footprint
+  // (`arena.grows`), both summed over every arena the store has had.
+  uint64_t cached_bytes = 0;
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;
+  std::string arena_mode;  // "best_fit", "virtual", "heap"; "invalid" when
+                           // $JAXMEM_HOST_ARENA could not be parsed
+  ArenaStats arena;        // the current arena (zeros before its first use)
 };
 
-// A host allocation owned by the store or by an in-flight copy. Move-only; the
-// deleter is a plain function so pinned (CUDA) and heap buffers share a type.
-//
-// Heap buffers come from a cache of freed ones (same size rounded up to 4 KiB,
-// best fit within 1/8): on the VMs we measured, first-touch page faults of a
-// fresh 16 MiB allocation cost 3-10x the memcpy itself. The cache holds at
-// most the store's high-water mark of bytes in use (and at most
-// $JAXMEM_HOST_CACHE_BYTES, default 8 GiB), so a training loop that offloads
-// the same sizes every step reuses warm memory; `HostStore::Clear` empties it.
+// A host allocation owned by the store or by an in-flight copy. Move-only.
+// Either an arena allocation (freed into its arena, which the buffer keeps
+// alive) or memory with a plain deleter function (CUDA pinned blocks).
 class HostBuffer {
  public:
   using Free = void (*)(void*, size_t);
@@ -61,16 +122,16 @@ class HostBuffer {
   HostBuffer() = default;
   HostBuffer(void* data, size_t bytes, Free free)
       : data_(data), bytes_(bytes), free_(free) {}
+  // Allocation `handle` of `arena`, at `data`, holding `bytes` bytes.
+  HostBuffer(std::shared_ptr<HostArena> arena, uint64_t handle, void* data,
+             size_t bytes)
+      : data_(data), bytes_(bytes), arena_(std::move(arena)),
+        arena_handle_(handle) {}
   HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
   HostBuffer& operator=(HostBuffer&& other) noexcept;
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
   ~HostBuffer() { Reset(); }
-
-  // A `kHostStoreAlignment`-aligned heap buffer of `bytes` bytes; an empty
-  // buffer (data() == nullptr) when `bytes` is 0 or the allocation failed
-  // (check `ok()`).
-  static HostBuffer Allocate(size_t bytes);
 
   bool ok(size_t want_bytes) const { return want_bytes == 0 || data_ != nullptr; }
   void* data() const { return data_; }
@@ -88,13 +149,12 @@ class HostBuffer {
 
   void Reset();
 
-  // Frees every cached heap buffer; returns the bytes released.
-  static uint64_t TrimCache();
-
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Free free_ = nullptr;
+  std::shared_ptr<HostArena> arena_;  // set for arena allocations
+  uint64_t arena_handle_ = 0;
   std::function<void()> wait_ready_;
 };
 
@@ -110,7 +170,7 @@ class HostStore {
   // Copies `bytes` bytes from `data` into the store, tagged with `dtype_code`.
   // On success writes the new handle to `*id` and returns an empty string;
   // otherwise returns an error message (allocation failure). `data` may be
-  // null when `bytes` is 0.
+  // null when `bytes` is 0. The copy runs outside every lock.
   std::string Put(const void* data, size_t bytes, uint32_t dtype_code,
                   uint64_t* id);
 
@@ -132,12 +192,29 @@ class HostStore {
   std::string Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
                      HostBuffer* out);
 
+  // An uninitialised `bytes`-byte buffer from the store's arena (empty for
+  // 0 bytes), for a copy that `Insert`s it later. Returns an error message
+  // (out of memory, arena unavailable, bad $JAXMEM_HOST_ARENA) or "".
+  std::string AllocateBuffer(size_t bytes, HostBuffer* out);
+
+  // Replaces the arena with a new one made from `config`. Only while the
+  // store is empty: no entries and no arena memory held by copies in flight;
+  // otherwise (or for a bad config) returns an error message naming
+  // `store_configure` and changes nothing.
+  std::string Configure(const HostArenaConfig& config);
+
+  // The current configuration; `*source` (optional) is "default", "env"
+  // ($JAXMEM_HOST_ARENA) or "store_configure". `*error` (optional) is the
+  // reason $JAXMEM_HOST_ARENA was rejected, "" if it was not.
+  HostArenaConfig Config(std::string* source, std::string* error) const;
+
   // Looks up the size and dtype of a live entry without removing it.
   bool Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const;
 
   HostStoreStats Stats() const;
 
-  // Frees every entry; returns the number of payload bytes freed.
+  // Frees every entry and drops the arena (see the file comment); returns the
+  // number of payload bytes freed.
   uint64_t Clear();
 
  private:
@@ -152,6 +229,13 @@ class HostStore {
   // mu_. Returns an error message (and keeps the entry) on a mismatch.
   std::string EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
                            bool need_dst, Entry* out);
+  // Reads $JAXMEM_HOST_ARENA on the first call; requires mu_.
+  void EnsureConfigLocked() const;
+  // The arena, made on first use; requires mu_. Returns an error message.
+  std::string EnsureArenaLocked(std::shared_ptr<HostArena>* out);
+  // Folds the current arena's counters into the store's and drops it;
+  // returns it so the caller can release it outside mu_. Requires mu_.
+  std::shared_ptr<HostArena> RetireArenaLocked();
 
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;
@@ -159,6 +243,15 @@ class HostStore {
   uint64_t next_id_;   // next handle to issue
   uint64_t issued_ = 0;
   HostStoreStats stats_;
+  // Lazily initialised from the environment (hence mutable: `Stats` and
+  // `Config` are const but may be the first use).
+  mutable bool config_read_ = false;
+  mutable HostArenaConfig config_;
+  mutable std::string config_source_ = "default";
+  mutable std::string config_error_;  // bad $JAXMEM_HOST_ARENA
+  std::shared_ptr<HostArena> arena_;  // null until first use / after Clear
+  uint64_t retired_hits_ = 0;    // cache hits of arenas dropped before
+  uint64_t retired_misses_ = 0;  // cache misses of arenas dropped before
 };
 
 // A random 64-bit id in [2^62, 2^63) to start a never-reused counter at (host

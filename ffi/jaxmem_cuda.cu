@@ -41,6 +41,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "ffi_types.h"
 #include "host_store.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -60,22 +61,6 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
     if (_e != cudaSuccess) return CudaError(what, _e); \
   } while (0)
 
-bool IsSubByteOrToken(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::S1:
-    case ffi::DataType::S2:
-    case ffi::DataType::S4:
-    case ffi::DataType::U1:
-    case ffi::DataType::U2:
-    case ffi::DataType::U4:
-    case ffi::DataType::F4E2M1FN:
-    case ffi::DataType::TOKEN:
-    case ffi::DataType::INVALID:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // Pinned host memory ---------------------------------------------------------
 
@@ -364,7 +349,7 @@ uint64_t Publish(HostBuffer host, size_t bytes, uint32_t dtype, Event copied) {
 
 ffi::Error OffloadImpl(cudaStream_t stream, ffi::AnyBuffer x,
                        ffi::ResultBufferR1<ffi::U32> handle) {
-  if (IsSubByteOrToken(x.element_type())) {
+  if (!IsCopyable(x.element_type())) {
     return ffi::Error::InvalidArgument("jaxmem offload: unsupported dtype");
   }
   HostBuffer host;
@@ -381,7 +366,7 @@ ffi::Error OffloadImpl(cudaStream_t stream, ffi::AnyBuffer x,
 
 ffi::Error OffloadStartImpl(cudaStream_t stream, ffi::AnyBuffer x,
                             ffi::ResultBufferR1<ffi::U32> ticket) {
-  if (IsSubByteOrToken(x.element_type())) {
+  if (!IsCopyable(x.element_type())) {
     return ffi::Error::InvalidArgument(
         "jaxmem offload_start: unsupported dtype");
   }
@@ -457,7 +442,7 @@ ffi::Error EnqueueFetch(cudaStream_t stream, cudaStream_t copy_stream,
 
 ffi::Error FetchImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
                      ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
-  if (IsSubByteOrToken(out->element_type())) {
+  if (!IsCopyable(out->element_type())) {
     return ffi::Error::InvalidArgument("jaxmem fetch: unsupported dtype");
   }
   uint64_t hid = 0;
@@ -474,7 +459,7 @@ ffi::Error FetchStartImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
                           ffi::AnyBuffer /*dep*/,
                           ffi::Result<ffi::AnyBuffer> buf,
                           ffi::ResultBufferR1<ffi::U32> ticket) {
-  if (IsSubByteOrToken(buf->element_type())) {
+  if (!IsCopyable(buf->element_type())) {
     return ffi::Error::InvalidArgument("jaxmem fetch_start: unsupported dtype");
   }
   uint64_t hid = 0;

@@ -28,8 +28,10 @@
 #include "copy_engine.h"
 #include "host_store.h"
 #include "nanobind/nanobind.h"
+#include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
 #include "xla/ffi/api/ffi.h"
+#include "ffi_types.h"
 
 namespace nb = nanobind;
 namespace ffi = xla::ffi;
@@ -37,27 +39,6 @@ namespace ffi = xla::ffi;
 namespace jaxmem {
 namespace {
 
-// Sub-byte types may be stored packed, so `size_bytes()` (1 byte / element)
-// is not a safe copy size for them; copies of these types are refused.
-bool IsSubByte(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::S1:
-    case ffi::DataType::S2:
-    case ffi::DataType::S4:
-    case ffi::DataType::U1:
-    case ffi::DataType::U2:
-    case ffi::DataType::U4:
-    case ffi::DataType::F4E2M1FN:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool IsCopyable(ffi::DataType t) {
-  return !IsSubByte(t) && t != ffi::DataType::TOKEN &&
-         t != ffi::DataType::INVALID;
-}
 
 std::string TypeName(ffi::DataType t) {
   return DtypeName(static_cast<uint32_t>(t));
@@ -347,7 +328,10 @@ constexpr uint32_t kU8 = static_cast<uint32_t>(ffi::DataType::U8);
 }  // namespace
 
 namespace jaxmem { void RegisterDsa(nb::module_& m); }  // dsa.cc: offline DSA solver
-namespace jaxmem { void RegisterArena(nb::module_& m); }  // host_arena.cc
+namespace jaxmem {
+void RegisterArena(nb::module_& m);  // host_arena.cc
+nb::dict ArenaStatsDict(const ArenaStats& s, const char* mode);  // ditto
+}  // namespace jaxmem
 
 NB_MODULE(_native, m) {
   m.doc() = "jaxmem native extension: XLA FFI handlers and the host store.";
@@ -466,14 +450,53 @@ NB_MODULE(_native, m) {
         d["cached_bytes"] = s.cached_bytes;
         d["cache_hits"] = s.cache_hits;
         d["cache_misses"] = s.cache_misses;
+        d["arena"] = jaxmem::ArenaStatsDict(s.arena, s.arena_mode.c_str());
         return d;
       },
-      "Counters of the native host store, as a dict.");
+      "Counters of the native host store, as a dict; 'arena' holds the "
+      "backing arena's stats (a dict like HostArena.stats()).");
 
   m.def(
       "store_clear", []() { return jaxmem::HostStore::Global().Clear(); },
-      "Frees every entry of the host store (and its cache of freed buffers); "
-      "returns the payload bytes freed.");
+      "Frees every entry of the host store and drops its arena (returning "
+      "the arena's cached memory to the OS); returns the payload bytes "
+      "freed.");
+
+  m.def(
+      "store_configure",
+      [](const std::string& mode, uint64_t chunk_bytes, uint64_t segment_bytes,
+         uint64_t capacity_bytes) {
+        jaxmem::HostArenaConfig config;
+        config.mode = mode;
+        config.chunk_bytes = chunk_bytes;
+        config.segment_bytes = segment_bytes;
+        config.capacity_bytes = capacity_bytes;
+        std::string err = jaxmem::HostStore::Global().Configure(config);
+        if (!err.empty()) throw nb::value_error(err.c_str());
+      },
+      nb::arg("mode"), nb::arg("chunk_bytes"), nb::arg("segment_bytes"),
+      nb::arg("capacity_bytes"),
+      "Replaces the host store's arena ('best_fit', 'virtual' or 'heap'); "
+      "raises ValueError unless the store is empty.");
+
+  m.def(
+      "store_config",
+      []() {
+        std::string source, error;
+        jaxmem::HostArenaConfig c =
+            jaxmem::HostStore::Global().Config(&source, &error);
+        nb::dict d;
+        d["mode"] = c.mode;
+        d["chunk_bytes"] = c.chunk_bytes;
+        d["segment_bytes"] = c.segment_bytes;
+        d["capacity_bytes"] = c.capacity_bytes;
+        d["source"] = source;
+        d["error"] = error;
+        return d;
+      },
+      "The host store's arena configuration: mode, chunk_bytes, "
+      "segment_bytes, capacity_bytes, source ('default', 'env', "
+      "'store_configure') and error (why $JAXMEM_HOST_ARENA was rejected).");
 
   m.def(
       "store_put",
@@ -495,15 +518,21 @@ NB_MODULE(_native, m) {
   m.def(
       "store_take",
       [](uint64_t id, size_t nbytes, uint32_t dtype_code) {
-        std::string buf(nbytes, '\0');
+        // Copy straight into the result (no zero-filled staging buffer).
+        if (nbytes > static_cast<size_t>(PY_SSIZE_T_MAX)) {
+          throw nb::value_error("nbytes is too large");
+        }
+        nb::object out = nb::steal(PyBytes_FromStringAndSize(
+            nullptr, static_cast<Py_ssize_t>(nbytes)));
+        if (!out.is_valid()) throw nb::python_error();
+        char* dst = PyBytes_AS_STRING(out.ptr());
         std::string err;
         {
           nb::gil_scoped_release release;
-          err = jaxmem::HostStore::Global().Take(id, buf.data(), nbytes,
-                                                 dtype_code);
+          err = jaxmem::HostStore::Global().Take(id, dst, nbytes, dtype_code);
         }
         if (!err.empty()) throw nb::value_error(err.c_str());
-        return nb::bytes(buf.data(), buf.size());
+        return nb::borrow<nb::bytes>(out);
       },
       nb::arg("id"), nb::arg("nbytes"), nb::arg("dtype_code") = kU8,
       "Copies entry `id` out of the host store and erases it. Raises "

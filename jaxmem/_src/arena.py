@@ -19,6 +19,11 @@ Python side of ``ffi/host_arena.{h,cc}``. Three modes of one interface:
   ``offset[id]``. A wrong size, an id already live or a slot overlapping a
   live one raises instead of aliasing live data.
 
+The native host store behind jaxmem's offload/fetch custom calls allocates
+from one of these arenas too (``"best_fit"`` by default, or ``"virtual"``, or
+its original ``"heap"`` cache): see :func:`jaxmem.native.store_configure` and
+``jaxmem.native.store_stats().arena``.
+
 Handles are opaque 64-bit ints that are never reused; freeing or reading a
 stale, double-freed or foreign handle raises :class:`ValueError` naming the
 handle and the reason. Pointers are 64-byte aligned.
@@ -68,7 +73,8 @@ class ArenaStats:
   """A snapshot of a host arena's counters.
 
   Attributes:
-    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"``.
+    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"`` (``"heap"``: the
+      host store's original allocator, see :func:`jaxmem.native.store_configure`).
     footprint_bytes: memory obtained from the OS and held (pool, segments or
       the planned buffer).
     peak_footprint_bytes: the maximum footprint (dynamic modes never shrink).
@@ -89,6 +95,8 @@ class ArenaStats:
     allocs: successful allocations.
     frees: successful frees.
     errors: failed calls (bad handles, plan mismatches, out of memory).
+    grows: times the footprint grew (memory obtained from the OS); the other
+      ``allocs - grows`` allocations were served from cached memory.
     map_calls: virtual: ``mmap`` calls (one reservation per allocation plus one
       per run of consecutive physical chunks).
     unmap_calls: virtual: ``munmap`` calls.
@@ -114,6 +122,7 @@ class ArenaStats:
   allocs: int
   frees: int
   errors: int
+  grows: int = 0
   map_calls: int = 0
   unmap_calls: int = 0
   segments: int = 0
@@ -169,7 +178,8 @@ class HostArena:
     b'xxx'
 
   Args:
-    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"``.
+    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"`` (``"heap"``: the
+      host store's original allocator, see :func:`jaxmem.native.store_configure`).
     chunk_bytes: virtual: physical chunk size, a multiple of the page size.
     segment_bytes: best-fit: minimum segment size (rounded up to pages).
     capacity_bytes: dynamic modes: footprint limit; 0 for unbounded. An
@@ -417,7 +427,8 @@ def replay(trace: Iterable[Sequence[Any]], mode: str = "virtual", *, iterations:
   Args:
     trace: events ``(time, id, nbytes)`` (allocate; id >= 1) and
       ``(time, -id)`` (free).
-    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"``.
+    mode: ``"virtual"``, ``"best_fit"`` or ``"planned"`` (``"heap"``: the
+      host store's original allocator, see :func:`jaxmem.native.store_configure`).
     iterations: times to run the trace on the same arena (training steps:
       a caching allocator's footprint can keep growing after the first).
     verify: fill each allocation with a pattern and check it before its free.

@@ -40,6 +40,16 @@ handle, fails the execution with a ``jax.errors.JaxRuntimeError`` -- never a
 crash. :func:`copy_stats` reports outstanding tickets; :func:`store_clear`
 also frees tickets orphaned by a failed execution (see ``copy_engine.h``).
 
+The host store keeps offloaded bytes in a host arena (``ffi/host_arena.h``,
+:mod:`jaxmem._src.arena`), chosen by :func:`store_configure` or by
+``$JAXMEM_HOST_ARENA`` (read at the store's first use): ``"best_fit"`` (the
+default; paper 001 §4's framework-default caching allocator), ``"virtual"``
+(paper 001 §4's physical chunks mapped into contiguous virtual ranges: no
+external fragmentation) or ``"heap"`` (the original ``posix_memalign`` +
+size cache). :func:`store_stats` reports the arena's footprint and
+fragmentation. Planned mode (static offsets from the DSA solver) is not
+available to the custom calls: it would need plan slot ids as attributes.
+
 The FFI targets are registered for the ``cpu`` platform when this module is
 imported, and for ``CUDA`` too when the extension was built with the CUDA
 toolkit (:data:`WITH_CUDA`). None of the ops has a JVP/transpose rule: they are inserted into an
@@ -55,12 +65,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+if TYPE_CHECKING:
+  from jaxmem._src.arena import ArenaStats
 
 
 def _installed_native() -> Any:
@@ -123,6 +135,8 @@ __all__ = [
     "set_copy_cpus",
     "set_copy_threads",
     "store_clear",
+    "store_config",
+    "store_configure",
     "store_stats",
 ]
 
@@ -162,6 +176,14 @@ def register() -> None:
     _registered = True
 
 
+#: Host store arena modes (see :func:`store_configure`).
+STORE_MODES = ("best_fit", "virtual", "heap")
+#: Default physical chunk of ``"virtual"`` (paper 001 §4: CUDA's 2 MB granule).
+DEFAULT_CHUNK_BYTES = 2 << 20
+#: Default minimum segment of ``"best_fit"`` (PyTorch's small-pool segment).
+DEFAULT_SEGMENT_BYTES = 2 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class StoreStats:
   """Counters of the native host store.
@@ -173,10 +195,14 @@ class StoreStats:
     total_puts: Successful offloads / ``store_put`` calls.
     total_takes: Successful fetches / ``store_take`` calls.
     total_errors: Failed puts/takes (bad handle, size or dtype mismatch).
-    cached_bytes: Freed host buffers kept for reuse (first-touch page faults
-      of fresh memory cost more than the copy; see ``ffi/host_store.h``).
-    cache_hits: Host allocations served from that cache.
-    cache_misses: Host allocations that went to the system allocator.
+    cached_bytes: Arena memory held but not handed out (``arena.free_bytes``:
+      best-fit free blocks, free virtual chunks, cached heap buffers), kept
+      because first-touch page faults of fresh memory cost more than the copy.
+    cache_hits: Host allocations served from such memory (all arenas so far).
+    cache_misses: Host allocations that grew the arena's footprint.
+    arena: The backing arena's :class:`~jaxmem.ArenaStats` (mode, footprint,
+      peak footprint, fragmentation, ...). Its counters restart when
+      :func:`store_clear` drops the arena (its memory goes back to the OS).
   """
 
   live_entries: int
@@ -188,11 +214,100 @@ class StoreStats:
   cached_bytes: int = 0
   cache_hits: int = 0
   cache_misses: int = 0
+  arena: ArenaStats | None = None
+
+  @property
+  def mode(self) -> str:
+    """The arena mode: ``"best_fit"``, ``"virtual"``, ``"heap"`` (``"invalid"``: bad env)."""
+    return self.arena.mode if self.arena is not None else ""
+
+  @property
+  def footprint_bytes(self) -> int:
+    """Host memory the arena holds now (live entries, copies in flight and cache)."""
+    return self.arena.footprint_bytes if self.arena is not None else 0
+
+  @property
+  def peak_footprint_bytes(self) -> int:
+    """The arena's maximum footprint since it was made."""
+    return self.arena.peak_footprint_bytes if self.arena is not None else 0
+
+  @property
+  def internal_fragmentation(self) -> float:
+    """``1 - requested / reserved`` over live allocations (rounding waste)."""
+    return self.arena.internal_fragmentation if self.arena is not None else 0.0
+
+  @property
+  def external_fragmentation(self) -> float:
+    """``1 - largest free block / free bytes`` (0 for virtual chunks)."""
+    return self.arena.external_fragmentation if self.arena is not None else 0.0
 
 
 def store_stats() -> StoreStats:
-  """Returns a snapshot of the host store's counters."""
-  return StoreStats(**{k: int(v) for k, v in _native.store_stats().items()})
+  """Returns a snapshot of the host store's counters (and its arena's)."""
+  from jaxmem._src.arena import ArenaStats  # pylint: disable=g-import-not-at-top
+  d = dict(_native.store_stats())
+  arena = ArenaStats.from_dict(d.pop("arena"))
+  return StoreStats(**{k: int(v) for k, v in d.items()}, arena=arena)
+
+
+def store_configure(mode: str = "best_fit", *, chunk_bytes: int | None = None,
+                    segment_bytes: int | None = None,
+                    capacity_bytes: int | None = None) -> None:
+  """Chooses the host arena that holds offloaded bytes.
+
+  Allowed only while the store is empty: no entries and no host buffers of
+  asynchronous copies in flight (fetch everything, or call :func:`store_clear`
+  first). Overrides ``$JAXMEM_HOST_ARENA`` (``"MODE"`` or
+  ``"MODE:chunk_bytes=4M,capacity_bytes=8G"``), which the store reads at its
+  first use. :func:`store_clear` keeps the configuration.
+
+  Args:
+    mode: ``"best_fit"`` (default): best-fit with caching, paper 001 §4's
+      framework default; freed memory is reused, the footprint may fragment.
+      ``"virtual"``: paper 001 §4's fixed-size physical chunks (a memfd)
+      mapped into a contiguous virtual range per entry; the footprint is a
+      whole number of chunks and never fragments externally (Linux only).
+      ``"heap"``: one ``posix_memalign`` per entry plus a cache of freed
+      buffers by size (the store's original allocator).
+    chunk_bytes: ``"virtual"``: physical chunk size, a multiple of the page
+      size (default 2 MiB).
+    segment_bytes: ``"best_fit"``: minimum segment obtained from the OS
+      (default 2 MiB).
+    capacity_bytes: Cap on the arena's footprint; an offload beyond it fails
+      with an out-of-memory error naming the arena (default 0: none).
+
+  Raises:
+    ValueError: if the store is not empty, or for a bad mode or size (the
+      message names ``store_configure``).
+  """
+  if mode not in STORE_MODES:
+    raise ValueError(
+        f"store_configure: unknown mode {mode!r}; expected one of {STORE_MODES}"
+        + (" (planned mode needs plan slot ids in the custom calls: not "
+           "supported)" if mode == "planned" else ""))
+  sizes = {"chunk_bytes": chunk_bytes, "segment_bytes": segment_bytes,
+           "capacity_bytes": capacity_bytes}
+  for name, value in sizes.items():
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+      raise ValueError(f"store_configure: {name} must be a non-negative int, got {value!r}")
+  _native.store_configure(
+      mode,
+      DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+      DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes,
+      0 if capacity_bytes is None else capacity_bytes)
+
+
+def store_config() -> dict[str, Any]:
+  """The host store's arena configuration.
+
+  Returns:
+    ``{"mode", "chunk_bytes", "segment_bytes", "capacity_bytes", "source",
+    "error"}``; ``source`` is ``"default"``, ``"env"`` (``$JAXMEM_HOST_ARENA``)
+    or ``"store_configure"``, ``error`` why ``$JAXMEM_HOST_ARENA`` was rejected
+    (then every offload fails with that message until :func:`store_configure`).
+  """
+  return dict(_native.store_config())
 
 
 def store_clear() -> int:
@@ -200,7 +315,9 @@ def store_clear() -> int:
 
   Waits for copies in flight first. Handles and tickets of the freed entries
   become stale: fetching or finishing them fails. Do not call it while a step
-  that uses the store runs in another thread.
+  that uses the store runs in another thread. The arena's cached memory goes
+  back to the OS (a fresh arena of the same configuration serves the next
+  offload), so its footprint counters restart.
 
   Returns:
     The number of payload bytes freed.
