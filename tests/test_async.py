@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _arrays import example_array
 
 import jaxmem
 from jaxmem._src import native
@@ -20,15 +21,7 @@ ASYNC_KINDS = {StepKind.OFFLOAD_START, StepKind.OFFLOAD_DONE, StepKind.FETCH_STA
                StepKind.FETCH_DONE}
 
 
-def _example(shape, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  dtype = np.dtype(dtype)
-  if dtype == np.bool_:
-    return jnp.asarray(rng.random(shape) < 0.5)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    return jnp.asarray(rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype))
-  return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+_example = example_array
 
 
 def _assert_bit_equal(a, b):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _arrays import example_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,17 +18,7 @@ DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.uint8,
           jnp.int32, jnp.bool_]
 
 
-def _example(shape, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  dtype = np.dtype(dtype)
-  if dtype == np.bool_:
-    return jnp.asarray(rng.random(shape) < 0.5)
-  if np.issubdtype(dtype, np.integer):
-    info = np.iinfo(dtype)
-    return jnp.asarray(rng.integers(info.min, info.max, size=shape,
-                                    endpoint=True, dtype=dtype))
-  # Random bit patterns would include NaNs; normal values are enough here.
-  return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+_example = example_array
 
 
 def _bits(x):
