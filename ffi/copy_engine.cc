@@ -129,18 +129,23 @@ void CopyEngine::WorkerLoop(uint64_t generation) {
     }
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
-    job->started = true;
-    lock.unlock();
-    auto t0 = std::chrono::steady_clock::now();
-    RunJob(*job);
-    double dt = Seconds(t0);
-    lock.lock();
-    job->finished = true;
-    pending_.erase(job->seq);
-    stats_.bytes_copied += job->bytes;
-    stats_.copy_seconds += dt;
-    done_cv_.notify_all();
+    RunUnlocked(lock, *job);
   }
+}
+
+double CopyEngine::RunUnlocked(std::unique_lock<std::mutex>& lock, Job& job) {
+  job.started = true;
+  lock.unlock();
+  auto t0 = std::chrono::steady_clock::now();
+  RunJob(job);
+  double dt = Seconds(t0);
+  lock.lock();
+  job.finished = true;
+  pending_.erase(job.seq);
+  stats_.bytes_copied += job.bytes;
+  stats_.copy_seconds += dt;
+  done_cv_.notify_all();
+  return dt;
 }
 
 void CopyEngine::RunJob(Job& job) {
@@ -163,14 +168,7 @@ uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
   }
   if (desired_threads_ == 0) {
     // Inline mode: copy now, on the caller's thread.
-    lock.unlock();
-    auto t0 = std::chrono::steady_clock::now();
-    RunJob(*job);
-    double dt = Seconds(t0);
-    lock.lock();
-    job->started = job->finished = true;
-    stats_.bytes_copied += job->bytes;
-    stats_.copy_seconds += dt;
+    RunUnlocked(lock, *job);
     return ticket;
   }
   pending_.insert(job->seq);
@@ -243,19 +241,8 @@ std::string CopyEngine::Claim(uint64_t ticket, CopyKind kind,
           break;
         }
       }
-      job->started = true;
       ++stats_.stolen;
-      lock.unlock();
-      auto t0 = std::chrono::steady_clock::now();
-      RunJob(*job);
-      double dt = Seconds(t0);
-      lock.lock();
-      job->finished = true;
-      pending_.erase(job->seq);
-      stats_.bytes_copied += job->bytes;
-      stats_.copy_seconds += dt;
-      stats_.wait_seconds += dt;
-      done_cv_.notify_all();
+      stats_.wait_seconds += RunUnlocked(lock, *job);
     } else if (!job->finished) {
       auto t0 = std::chrono::steady_clock::now();
       done_cv_.wait(lock, [&] { return job->finished; });

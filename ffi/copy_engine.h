@@ -147,6 +147,9 @@ class CopyEngine {
   std::string Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
                     std::shared_ptr<Job>* job);
   void RunJob(Job& job);  // the copy itself; no lock held
+  // Marks `job` started, runs it with `lock` (on mu_) released, then records it
+  // as finished in the stats and wakes waiters. Returns the copy's seconds.
+  double RunUnlocked(std::unique_lock<std::mutex>& lock, Job& job);
   void WorkerLoop(uint64_t generation);
   void EnsureWorkersLocked();  // requires mu_
   void DrainLocked(std::unique_lock<std::mutex>& lock);
