@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -139,10 +140,37 @@ def test_estimate_tracks_compiled_peak_for_mlp(mlp_small):
   assert 0.5 * compiled <= est <= 1.5 * compiled
 
 
-def test_flax_nnx_modules_and_params_are_attributed():
+@pytest.mark.parametrize("system_install", [False, True])
+def test_flax_nnx_modules_and_params_are_attributed(system_install):
   """nnx pushes no name stack: module paths come from the `__call__` frames, and
-  `nnx.Param` leaves are parameters whatever the argument is called."""
+  `nnx.Param` leaves are parameters whatever the argument is called.
+
+  ``system_install``: flax under the stdlib prefix (``pip install`` as root into
+  ``/usr/local/lib/python3.11/site-packages``), where JAX's own user-frame
+  filter drops every flax frame. CI runs that way.
+  """
   from flax import nnx
+  from jax._src import source_info_util as siu
+  from jaxmem._src import _compat
+
+  def clear_caches():
+    siu._exclude_path_regex.cache_clear()
+    siu.is_user_filename.cache_clear()
+    _compat._class_path.cache_clear()
+
+  if system_install:
+    site = os.path.dirname(os.path.dirname(nnx.__file__))
+    siu._exclude_paths.append(site)
+    clear_caches()
+  try:
+    _check_nnx_attribution(nnx)
+  finally:
+    if system_install:
+      siu._exclude_paths.remove(site)
+      clear_caches()
+
+
+def _check_nnx_attribution(nnx):
 
   class Block(nnx.Module):
     def __init__(self, rngs):
@@ -180,3 +208,4 @@ def test_flax_nnx_modules_and_params_are_attributed():
   # Only the loss's own `.sum()` is outside every module.
   outside = {op.primitive for op in prog.ops if op.phase.value == "forward" and not op.module_path}
   assert outside == {"reduce_sum"}
+  assert all(m.startswith("Net") for m in modules if m)

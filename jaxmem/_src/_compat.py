@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -126,13 +127,30 @@ def class_path(eqn: JaxprEqn) -> str:
   return _class_path(eqn.source_info.traceback)
 
 
+_JAX_DIR = os.path.dirname(os.path.dirname(jax.__file__)) + os.sep + "jax" + os.sep
+
+
+def _module_frames(traceback: Any) -> Iterator[str]:
+  """Qualified names of ``traceback``'s frames outside JAX itself.
+
+  Not ``source_info_util.user_frames``: it drops every file under the stdlib
+  path, and with a system-wide install (``/usr/local/lib/python3.11/
+  site-packages``) that prefix covers flax too, so nnx's ``Linear.__call__``
+  would vanish. Library frames are wanted here: they name the layer.
+  """
+  code, _ = traceback.raw_frames()
+  for c in code:
+    if not c.co_filename.startswith(_JAX_DIR):
+      yield c.co_qualname
+
+
 @functools.lru_cache(maxsize=4096)
 def _class_path(traceback: Any) -> str:
   if traceback is None:
     return ""
   names = []
-  for frame in _siu.user_frames(traceback):
-    parts = frame.function_name.split(".")
+  for function_name in _module_frames(traceback):
+    parts = function_name.split(".")
     # 'Block.__call__', or 'test.<locals>.Block.__call__' for a class made in a function
     if len(parts) >= 2 and parts[-1] == "__call__" and parts[-2].isidentifier():
       names.append(parts[-2])
