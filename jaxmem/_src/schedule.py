@@ -293,22 +293,29 @@ def build_schedule(program: Any, decisions: Sequence[Decision],
       restored = {d.var for d in restores}
       dep_var = choose_dep(program, i, restored)
       anchor = i - 0.5
-      # Fetches first: a remat chain never reads a value restored at the same
-      # point (the planner forbids it), but a later-decided remat's restore may
-      # be read by an earlier-decided remat's chain, hence the reverse order.
-      ordered = ([d for d in restores if d.action is Action.OFFLOAD] +
-                 [d for d in reversed(restores) if d.action is Action.REMAT])
-      for d in ordered:
-        dep = cur[dep_var] if dep_var is not None else (
-            cur[last_value] if last_value is not None else None)
-        if dep is None:
-          dep = cur[program.ops[i].input_ids()[0]]
-        if d.action is Action.OFFLOAD:
-          new = fresh(d.var)
-          steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
-          cur[d.var] = new
+      # What every restore here waits for (fetches leave it unchanged: it is
+      # never one of the restored values).
+      if dep_var is not None:
+        dep = cur[dep_var]
+      elif last_value is not None:
+        dep = cur[last_value]
+      else:
+        dep = cur[program.ops[i].input_ids()[0]]
+      # Fetches first: a remat chain may read a value fetched at the same point.
+      for d in restores:
+        if d.action is not Action.OFFLOAD:
           continue
-        chain = d.recompute
+        new = fresh(d.var)
+        steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
+        cur[d.var] = new
+      # All remats restored here share one recomputation: the union of their
+      # chains, run once in program order (a segment's residuals rebuilt from
+      # its checkpoint, Chen et al. 2016 §3, instead of one chain per value
+      # repeating the shared prefix). Program order is a topological order, and
+      # a chain that reads another restored value finds it made by the union.
+      remats = [d for d in restores if d.action is Action.REMAT]
+      if remats:
+        chain = sorted({k for d in remats for k in d.recompute})
         fenced = fence_points(program, chain)
         local: dict[int, int] = {}
         for x in fenced:
@@ -318,13 +325,16 @@ def build_schedule(program: Any, decisions: Sequence[Decision],
             local[x] = new   # a fenced argument is a copy: only the chain reads it
           else:
             cur[x] = new     # later uses read the fenced value, so the alias is free
+        owner = {program.vars[d.var].defined_by: d.var for d in remats}
         for k in chain:
           kop = program.ops[k]
           ins = tuple(local.get(x, cur[x]) if isinstance(x, int) else x for x in kop.inputs)
           outs = tuple(fresh(o) for o in kop.outputs)
           local.update(zip(kop.outputs, outs))
-          steps.append(Step(StepKind.COMPUTE, anchor, ins, outs, op=k, var=d.var, recompute=True))
-        cur[d.var] = local[d.var]
+          steps.append(Step(StepKind.COMPUTE, anchor, ins, outs, op=k,
+                            var=owner.get(k, remats[0].var), recompute=True))
+        for d in remats:
+          cur[d.var] = local[d.var]
     ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
     literal_dep = None
     if (op.outputs and program.constant_like[op.outputs[0]] and last_value is not None

@@ -101,7 +101,11 @@ def op_seconds(program: Any, device: Any = None) -> np.ndarray:
   if dev not in cache:
     virtual = program.profile.virtual
     out = np.zeros(program.num_ops)
+    outs = {x for x in program.outvars if isinstance(x, int)}
     for op in program.ops:
+      if (op.outputs and not op.eqn.effects
+          and not any(program.vars[o].uses or o in outs for o in op.outputs)):
+        continue   # dead: XLA removes it
       fused = virtual is not None and bool(op.outputs) and all(virtual[o] for o in op.outputs)
       out[op.index] = cost.eqn_seconds(op.eqn, dev, fused=fused)
     cache[dev] = out
@@ -151,6 +155,8 @@ def simulate(plan: Any, device: Any = None, *, schedule: Any = None) -> Simulati
   offload_end: dict[int, float] = {}    # original variable -> end of its latest offload
   events: list[Event] = []
   starts = np.zeros(len(schedule.steps) + 1)
+  read = {x for st in schedule.steps for x in st.inputs if isinstance(x, int)}
+  read.update(x for x in schedule.outputs if isinstance(x, int))
 
   def copy(stream: str, ready: float, nbytes: int, step: int, name: str) -> tuple[float, float]:
     nonlocal t_d2h, t_h2d
@@ -184,6 +190,8 @@ def simulate(plan: Any, device: Any = None, *, schedule: Any = None) -> Simulati
     label = program.vars[var].type_str if var is not None else ""
     if kind is StepKind.COMPUTE:
       op = program.ops[st.op]
+      if st.outputs and not op.eqn.effects and not any(o in read for o in st.outputs):
+        continue   # nothing reads it (a value restored later instead): XLA removes it
       fused = bool(st.outputs) and all(virtual[o] for o in st.outputs)
       dt = cost.eqn_seconds(op.eqn, dev, fused=fused)
       events.append(Event("compute", op.primitive, t_c, t_c + dt, i, 0,

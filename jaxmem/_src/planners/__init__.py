@@ -6,6 +6,7 @@
 * ``autoswap`` — paper 003 §IV (Bayesian optimisation of the priority scores);
 * ``window`` — paper 001 §3;
 * ``optimal`` — remat + offload as a MILP (scipy/HiGHS);
+* ``segments`` — recompute whole forward segments from checkpoints (Chen et al. 2016);
 * ``auto`` — the fastest simulated plan among the fast planners (and the MILP).
 """
 
@@ -19,6 +20,7 @@ from jaxmem._src.planners.autoswap import autoswap
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import optimal
+from jaxmem._src.planners.segments import segments
 from jaxmem._src.planners.vdnn import vdnn
 from jaxmem._src.planners.window import window_planner
 
@@ -33,6 +35,7 @@ PLANNERS: dict[str, Planner] = {
     "autoswap": autoswap,
     "window": window_planner,
     "optimal": optimal,
+    "segments": segments,
     "auto": greedy,        # switched to `auto` once it is evaluated against the fit tests
     "best": auto,
 }

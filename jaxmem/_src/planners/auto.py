@@ -1,6 +1,6 @@
 """``auto``: the best of the fast planners, and the MILP when it solves in time.
 
-Every fast planner (greedy, vDNN, Layrub, AutoSwap, the window scheduler)
+Every fast planner (greedy, segments, vDNN, Layrub, AutoSwap, the window scheduler)
 plans for the budget; the plans whose estimated peak fits are simulated on
 the device (:func:`jaxmem.simulate`) and the fastest step wins. The MILP
 (:mod:`~jaxmem._src.planners.optimal`) joins when it finishes within
@@ -16,7 +16,7 @@ from typing import Any
 
 from jaxmem._src.plan import Plan
 
-FAST = ("greedy", "vdnn", "layrub", "autoswap", "window")
+FAST = ("greedy", "segments", "vdnn", "layrub", "autoswap", "window")
 
 
 @dataclasses.dataclass

@@ -68,6 +68,12 @@ class _State:
   def add(self, d: Decision) -> None:
     self.decisions.append(d)
     self.gaps.setdefault(d.var, []).append((d.start, d.end))
+    # A restore before the next use (a segment's shared restore point) is an
+    # event of the value: it exists again from there.
+    if d.end not in self.program.vars[d.var].uses:
+      lst = self.extra_uses.setdefault(d.var, [])
+      if d.end not in lst:
+        bisect.insort(lst, d.end)
     if d.action is Action.REMAT:
       made = {o for k in d.recompute for o in self.program.ops[k].outputs}
       for k in d.recompute:
@@ -144,7 +150,8 @@ def _decide(state: _State, program: Any, vid: int, a: int, b: int, dev: Any, op_
 def greedy(program: Any, budget_bytes: int, device: Any = None, *,
            min_bytes: int | None = None, max_chain: int = 8,
            allow_remat: bool = True, allow_offload: bool = True,
-           copies: str = "sync", window: int | float | None = None) -> Plan:
+           copies: str = "sync", window: int | float | None = None,
+           initial: Any = ()) -> Plan:
   """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
 
   Args:
@@ -160,6 +167,7 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
       and destinations allocated longer) count against the target and never
       push the estimate over it (paper 001 §3).
     window: the asynchronous copies' window (see :class:`jaxmem.Plan`).
+    initial: decisions to start from (another planner's), kept as they are.
 
   Returns:
     A :class:`jaxmem.Plan`. Its ``estimated_peak_bytes`` may stay above the
@@ -170,6 +178,8 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
   if min_bytes is None:
     min_bytes = max(1, unplanned // 1000)
   state = _State(program)
+  for d in initial:
+    state.add(d)
   flops_cache: dict[int, float] = {}
 
   def op_flops(k: int) -> float:
@@ -183,7 +193,7 @@ def greedy(program: Any, budget_bytes: int, device: Any = None, *,
   rejected: set[tuple[int, int, int]] = set()
   pinned = pins(program)
   sched_opts = dict(copies=copies, window=window, budget=int(budget_bytes))
-  schedule = build_schedule(program, (), pinned, **sched_opts)
+  schedule = build_schedule(program, tuple(state.decisions), pinned, **sched_opts)
   prof = schedule.profile()
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)

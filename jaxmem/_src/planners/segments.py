@@ -1,0 +1,296 @@
+"""Segment recomputation (Chen et al. 2016, "Training deep nets with sublinear memory cost").
+
+§3 (Algorithm 1, "memory optimized gradient graph"): split the forward pass
+into segments at points where a single value flows from one part of the
+network to the next (the *checkpoints*); drop every value a segment saves for
+the backward pass and, when the backward pass reaches the segment, recompute
+the whole segment once from its kept checkpoint. §4.1 splits at the
+articulation points of a chain; a residual network still has one at each block
+boundary (the block's output is the only large value crossing it), a
+transformer at each residual add. That is what ``nn.remat`` on every block
+does by hand; the difference here is that
+
+* segments are found on the program, not on the model's code;
+* only the segments needed to reach the budget are recomputed, the ones with
+  the most bytes per second of recomputation first (§4.2 chooses the segment
+  size from a budget; we choose which segments, since a segment's
+  recomputation cost varies by orders of magnitude between an attention block
+  and a ReLU/norm stretch);
+* what recomputation cannot free is left to :func:`~.greedy.greedy` (remat or
+  offload of single values).
+
+A segment's residuals are restored at one point, just before the first
+backward op that reads any of them, and
+:func:`~jaxmem._src.schedule.build_schedule` runs the union of their
+recompute chains once there: the shared prefix is not repeated per value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxmem._src.plan import Action, Decision, Plan
+from jaxmem._src.planners import common
+from jaxmem._src.trace import Phase
+
+# A value crosses a cut "alone" when every other value crossing it is smaller
+# than this fraction of the largest value in the program (masks, scalars,
+# norms' statistics are carried along with the checkpoint instead).
+SMALL_CROSSING = 1 / 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  """Forward ops ``(lo, hi]`` between two checkpoints.
+
+  Attributes:
+    lo, hi: program positions of the cuts (``lo`` may be -1: the step's start).
+    restore: the position the residuals are rebuilt before.
+    decisions: one remat per residual, all restored at ``restore``.
+    nbytes: bytes of the residuals dropped.
+    cost_s: time of one recomputation of the union of their chains.
+  """
+  lo: int
+  hi: int
+  restore: int
+  decisions: tuple[Decision, ...]
+  nbytes: int
+  cost_s: float
+
+
+def forward_cuts(program: Any) -> list[int]:
+  """Forward positions after which a single large value crosses to the rest of the forward pass."""
+  forward = [op.index for op in program.ops if op.phase is Phase.FORWARD]
+  if not forward:
+    return []
+  last_fwd = forward[-1]
+  big = max((v.nbytes for v in program.vars), default=0) * SMALL_CROSSING
+  count = np.zeros(program.num_ops + 1, dtype=np.int64)
+  for v in program.vars:
+    if v.is_input or program.constant_like[v.id] or v.nbytes < big:
+      continue
+    if program.ops[v.defined_by].phase is not Phase.FORWARD:
+      continue
+    fwd_uses = [u for u in v.uses if u <= last_fwd]
+    if not fwd_uses:
+      continue
+    # crosses every cut after positions defined_by .. last forward use - 1
+    count[v.defined_by] += 1
+    count[max(fwd_uses)] -= 1
+  crossing = np.cumsum(count)
+  return [p for p in forward if p < last_fwd and crossing[p] == 1]
+
+
+def find_segments(program: Any, device: Any = None, min_bytes: int | None = None,
+                  group: int = 1) -> list[Segment]:
+  """The forward pass cut at :func:`forward_cuts`, each segment with its remat decisions.
+
+  ``group`` consecutive segments make one (only every ``group``-th cut is
+  kept as a checkpoint: Chen et al.'s segment size). A segment whose residuals
+  are smaller than ``min_bytes`` is merged into the next one.
+  """
+  if min_bytes is None:
+    min_bytes = max(1, program.profile.peak_bytes // 1000)
+  pricer = common.Pricer(program, device)
+  residual = {g.var: g for g in common.residual_gaps(program, 1)}
+  cuts = forward_cuts(program)
+  first_fwd = next((op.index for op in program.ops if op.phase is Phase.FORWARD), 0)
+  bounds = [first_fwd - 1, *cuts]
+  last_fwd = max((op.index for op in program.ops if op.phase is Phase.FORWARD), default=-1)
+  if not bounds or bounds[-1] < last_fwd:
+    bounds.append(last_fwd)
+  bounds = bounds[:-1][::group] + bounds[-1:]
+  out: list[Segment] = []
+  lo = bounds[0]
+  for hi in bounds[1:]:
+    gaps = [residual[o] for k in range(lo + 1, hi + 1) for o in program.ops[k].outputs
+            if o in residual and residual[o].start <= hi]
+    if sum(g.nbytes for g in gaps) < min_bytes and hi != bounds[-1]:
+      continue   # too small to be worth a recomputation: merge into the next segment
+    seg = _segment(program, lo, hi, gaps, pricer)
+    if seg is not None:
+      out.append(seg)
+    lo = hi
+  return out
+
+
+def _segment(program: Any, lo: int, hi: int, gaps: list[common.Gap],
+             pricer: common.Pricer) -> Segment | None:
+  from jaxmem._src.planners.greedy import _State, find_chain
+  if not gaps:
+    return None
+  restore = min(g.end for g in gaps)
+  state = _State(program)
+  # The checkpoint: every value crossing the cut at `lo` stays alive until the
+  # restore point (the chains start from it instead of recomputing it).
+  for v in program.vars:
+    if (not v.is_input and v.defined_by <= lo and v.uses
+        and any(lo < u <= hi for u in v.uses)):
+      state.extra_uses.setdefault(v.id, []).append(restore)
+  checkpoint = set(state.extra_uses)
+  for g in gaps:
+    state.gaps.setdefault(g.var, []).append((g.start, restore))
+  # Values XLA fuses into their consumers are never stored: a chain reading one
+  # would force it into memory (a fence materializes it) and pay its store and
+  # launch. Recompute them inside the chain instead, as the fused kernel would.
+  virtual = program.profile.virtual
+  if virtual is not None:
+    for k in range(lo + 1, hi + 1):
+      for o in program.ops[k].outputs:
+        if virtual[o] and o not in checkpoint and not program.constant_like[o]:
+          state.gaps.setdefault(o, []).append((k, restore))
+  max_ops = (hi - lo) + 16
+  decisions = []
+  union: set[int] = set()
+  for g in gaps:
+    if g.start >= restore - 1:
+      continue
+    chain = find_chain(state, g.var, restore, max_ops)
+    if not chain:
+      continue
+    union.update(chain)
+    decisions.append(Decision(g.var, Action.REMAT, g.start, restore, chain, g.nbytes,
+                              pricer.remat_seconds(chain)))
+  if not decisions:
+    return None
+  return Segment(lo, hi, restore, tuple(decisions), sum(d.nbytes for d in decisions),
+                 pricer.remat_seconds(sorted(union)))
+
+
+def segments(program: Any, budget_bytes: int, device: Any = None, *,
+             copies: str = "sync", window: int | float | None = None,
+             min_bytes: int | None = None, fill: bool = True, max_tries: int = 3) -> Plan:
+  """Recompute whole forward segments, the cheapest bytes first, until the estimate fits.
+
+  Args:
+    program: a :class:`jaxmem.Program`.
+    budget_bytes: target estimated peak.
+    device: device profile pricing the recomputation (default: current backend).
+    copies, window: how the offloads added by ``fill`` are scheduled.
+    min_bytes: segments saving fewer bytes merge into the next (default: 0.1%
+      of the peak).
+    fill: when every segment recomputed is not enough, let
+      :func:`~.greedy.greedy` remat or offload single values on top.
+    max_tries: segment sizes evaluated once one fits (cheapest guess first).
+
+  Returns:
+    A :class:`jaxmem.Plan` named ``segments`` (``segments+greedy`` when filled).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def f(w, x):
+    ...   for _ in range(4):
+    ...     x = jnp.tanh(x @ w)
+    ...   return x.sum()
+    >>> prog = jaxmem.analyze(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)))
+    >>> plan = segments(prog, int(0.8 * prog.peak_bytes), "h100-pcie")
+    >>> plan.estimated_peak_bytes <= 0.8 * prog.peak_bytes
+    True
+  """
+  pins = common.base_pins(program)
+  excess = program.profile.peak_bytes - budget_bytes
+  # Segmentations of 1, 2, 4, ... cuts per segment, each with a guess of its
+  # cost (the cheapest segments whose bytes cover the excess). Evaluated
+  # cheapest guess first; one whose guess already costs more than a fitting
+  # plan is skipped (the guess underestimates: a prefix never needs fewer
+  # bytes), and the search stops after ``max_tries`` fitting sizes.
+  options: list[tuple[float, list[Segment]]] = []
+  seen: set[tuple[int, ...]] = set()
+  group = 1
+  while True:
+    segs = _ranked(find_segments(program, device, min_bytes, group))
+    bounds = tuple(sorted(x.hi for x in segs))
+    if bounds not in seen:   # a coarser grouping that changes nothing is skipped
+      seen.add(bounds)
+      k = _cover(segs, excess)
+      options.append((sum(x.cost_s for x in segs[:k]), segs))
+    if len(segs) <= 2:
+      break
+    group *= 2
+  options.sort(key=lambda o: o[0])
+  best: tuple[float, int, Plan] | None = None
+  fitting = 0
+  for guess, segs in options:
+    if best is not None and best[0] < float("inf") and guess >= best[0]:
+      continue
+    if fitting >= max_tries:
+      break
+    plan, cost_s = _plan_for_segments(program, budget_bytes, segs, pins, copies, window)
+    fits = plan.estimated_peak_bytes <= budget_bytes
+    key = (cost_s if fits else float("inf"), plan.estimated_peak_bytes)
+    fitting += fits
+    if best is None or key < best[:2]:
+      best = (*key, plan)
+  assert best is not None
+  plan = best[2]
+  if plan.estimated_peak_bytes > budget_bytes and fill:
+    from jaxmem._src.planners.greedy import greedy
+    filled = greedy(program, budget_bytes, device, copies=copies, window=window,
+                    initial=plan.decisions)
+    if filled.estimated_peak_bytes > budget_bytes:
+      alone = greedy(program, budget_bytes, device, copies=copies, window=window)
+      if alone.estimated_peak_bytes < filled.estimated_peak_bytes:
+        return dataclasses.replace(alone, planner="segments(greedy)")
+    return dataclasses.replace(filled, planner="segments+greedy")
+  return plan
+
+
+def _ranked(segs: list[Segment]) -> list[Segment]:
+  """Most bytes per second of recomputation first."""
+  return sorted(segs, key=lambda s: -s.nbytes / max(s.cost_s, 1e-12))
+
+
+def _cover(segs: list[Segment], excess: int) -> int:
+  """The shortest prefix of ``segs`` whose dropped bytes reach ``excess``."""
+  if excess <= 0:
+    return 0
+  cum = np.cumsum([x.nbytes for x in segs])
+  return min(len(segs), int(np.searchsorted(cum, excess)) + 1)
+
+
+def _plan_for_segments(program: Any, budget_bytes: int, segs: list[Segment],
+                       pins: tuple[int, ...], copies: str, window: Any) -> tuple[Plan, float]:
+  """The shortest fitting prefix of ``segs`` (ranked by :func:`_ranked`) and its cost."""
+  plans: dict[int, Plan] = {}
+
+  def plan_of(k: int) -> Plan:
+    if k not in plans:
+      chosen = segs[:k]
+      # Layrub's pins keep small kept masks materialized; a value of a
+      # recomputed segment is not kept, and pinning it would store it for nothing.
+      inside = [(s.lo, s.hi) for s in chosen]
+      pinned = [p for p in pins
+                if not any(lo < program.vars[p].defined_by <= hi for lo, hi in inside)]
+      plans[k] = common.finish(program, [d for s in chosen for d in s.decisions], budget_bytes,
+                               "segments", pinned, copies=copies, window=window)
+    return plans[k]
+
+  def fits(k: int) -> bool:
+    return plan_of(k).estimated_peak_bytes <= budget_bytes
+
+  n = len(segs)
+  if not fits(n):
+    return plan_of(n), sum(x.cost_s for x in segs)
+  # Start where the dropped bytes cover the excess, then walk to the shortest
+  # fitting prefix (a few schedule estimates instead of a bisection).
+  k = _cover(segs, program.profile.peak_bytes - budget_bytes)
+  lo, hi = k, n                  # fits(hi); find the first fitting prefix in [lo, hi]
+  step = 1
+  while lo < hi and not fits(lo):  # gallop up from the guess, then bisect
+    lo, step = min(hi, lo + step), 2 * step
+    if fits(lo):
+      hi, lo = lo, max(k, lo - step // 2 + 1)
+      break
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if fits(mid):
+      hi = mid
+    else:
+      lo = mid + 1
+  k = hi
+  while k > 0 and fits(k - 1):   # the guess may overshoot by a segment or two
+    k -= 1
+  return plan_of(k), sum(x.cost_s for x in segs[:k])
