@@ -146,14 +146,15 @@ class Pricer:
   """Extra step time of a decision on a device (:mod:`jaxmem._src.cost`), cached per op."""
 
   def __init__(self, program: Any, device: Any):
+    from jaxmem._src.simulate import op_seconds
     self.program = program
     self.device = cost.device_profile(device)
-    self._op_s: dict[int, float] = {}
+    # The simulator's per-op times (fused ops cost their arithmetic only),
+    # cached on the program: planners and the simulator price alike.
+    self._op_s = op_seconds(program, self.device)
 
   def op_seconds(self, k: int) -> float:
-    if k not in self._op_s:
-      self._op_s[k] = cost.eqn_seconds(self.program.ops[k].eqn, self.device)
-    return self._op_s[k]
+    return float(self._op_s[k])
 
   def compute_seconds(self, start: int, end: int) -> float:
     """Time the compute stream spends on ops ``start..end-1``."""

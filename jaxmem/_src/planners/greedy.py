@@ -102,11 +102,29 @@ def pins(program: Any) -> tuple[int, ...]:
   return tuple(out)
 
 
-def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int, ...] | None:
-  """Ops that rebuild ``vid`` just before ``pos`` from values available there."""
+def _rematerializable(program: Any) -> list[bool]:
+  """Per op: may a remat re-execute it (no effects, no body, not one of ``_NO_REMAT``)."""
+  cached = program.__dict__.get("_rematerializable")
+  if cached is None:
+    cached = [not (op.primitive in _NO_REMAT or op.eqn.effects or _compat.sub_jaxprs(op.eqn))
+              for op in program.ops]
+    program.__dict__["_rematerializable"] = cached
+  return cached
+
+
+def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8,
+               made: set[int] | None = None) -> tuple[int, ...] | None:
+  """Ops that rebuild ``vid`` just before ``pos`` from values available there.
+
+  ``made``: ops another chain restored at ``pos`` runs already (they are not
+  repeated; the union runs once, see ``schedule.build_schedule``). The ops
+  this chain adds are added to it.
+  """
   prog = state.program
+  ok = _rematerializable(prog)
   chain: list[int] = []
-  seen: set[int] = set()
+  seen: set[int] = set(made) if made else set()
+  budget = len(seen) + max_ops
 
   def need(x: int, force: bool = False) -> bool:
     v = prog.vars[x]
@@ -117,19 +135,22 @@ def find_chain(state: _State, vid: int, pos: int, max_ops: int = 8) -> tuple[int
     k = v.defined_by
     if k in seen:
       return True
-    op = prog.ops[k]
-    if op.primitive in _NO_REMAT or op.eqn.effects or _compat.sub_jaxprs(op.eqn):
+    if not ok[k]:
       return False
-    if len(seen) >= max_ops:   # bound the ops entered, so the recursion is bounded too
+    if len(seen) >= budget:   # bound the ops entered, so the recursion is bounded too
       return False
     seen.add(k)
-    for y in op.input_ids():
+    for y in prog.ops[k].input_ids():
       if not need(y):
         return False
     chain.append(k)
     return True
 
-  return tuple(chain) if need(vid, force=True) else None
+  if not need(vid, force=True):
+    return None
+  if made is not None:
+    made.update(chain)
+  return tuple(chain)
 
 
 def _decide(state: _State, program: Any, vid: int, a: int, b: int, dev: Any, op_flops: Any,

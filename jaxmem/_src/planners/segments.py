@@ -145,13 +145,14 @@ def _segment(program: Any, lo: int, hi: int, gaps: list[common.Gap],
   max_ops = (hi - lo) + 16
   decisions = []
   union: set[int] = set()
-  for g in gaps:
+  for g in sorted(gaps, key=lambda g: -program.vars[g.var].defined_by):
     if g.start >= restore - 1:
       continue
-    chain = find_chain(state, g.var, restore, max_ops)
-    if not chain:
+    # Each decision carries the ops its chain adds to the segment's union (the
+    # latest residual first, so most of the union is found in one walk).
+    chain = find_chain(state, g.var, restore, max_ops, made=union)
+    if chain is None:
       continue
-    union.update(chain)
     decisions.append(Decision(g.var, Action.REMAT, g.start, restore, chain, g.nbytes,
                               pricer.remat_seconds(chain)))
   if not decisions:
