@@ -58,7 +58,7 @@ def test_mlp_report_text(mlp_run):
 def test_mlp_budget_prints_plan(mlp_run):
   _, out, _, _ = mlp_run
   assert "budget:" in out and "of the estimated peak" in out
-  assert "Plan (greedy):" in out and "estimated peak:" in out and "planned (target" in out
+  assert "Plan (auto(" in out and "estimated peak:" in out and "planned (target" in out
 
 
 def test_mlp_compare_prints_both_peaks(mlp_run):
@@ -199,7 +199,7 @@ def test_cnn_report_with_budget_bytes(capsys, tmp_path):
   assert rc == 0, err
   assert "conv_general_dilated" in out or "cnn.py:" in out
   assert "top 3 buffers at the peak" in out
-  assert "budget: 4.00 MiB = 4194304 bytes" in out and "Plan (greedy):" in out
+  assert "budget: 4.00 MiB = 4194304 bytes" in out and "Plan (auto(" in out
   assert err == ""                                  # -q: no progress lines
   assert json.loads(path.read_text())["schema"] == SCHEMA_NAME
 

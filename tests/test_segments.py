@@ -112,3 +112,45 @@ def test_simulate_skips_a_computation_nobody_reads(chain):
   fwd = [i for i, st in enumerate(sched.steps)
          if st.kind is StepKind.COMPUTE and st.op == v.defined_by and not st.recompute]
   assert fwd and not [e for e in sim.timeline if e.step in fwd]
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+  import resnet
+  step, args = resnet.build(batch_size=16, depth=18, image_size=64, classes=10, abstract=True)
+  return jaxmem.analyze(step, *args)
+
+
+def test_auto_is_the_fastest_fitting_plan(resnet18):
+  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
+  budget = int(0.7 * resnet18.peak_bytes)
+  plan = jaxmem.get_planner("auto")(resnet18, budget, "k40")
+  assert plan.estimated_peak_bytes <= budget and plan.planner.startswith("auto(")
+  fastest = min(t for _, peak, t, _ in auto_mod.LAST.rows if peak <= budget)
+  assert jaxmem.simulate(plan, "k40").step_time_s == pytest.approx(fastest)
+  assert len(auto_mod.LAST.rows) >= 2
+
+
+@pytest.mark.parametrize("frac", [0.7, 0.65])
+def test_the_offload_bound_is_a_lower_bound(resnet18, frac):
+  """The bound `auto` skips offload-only planners on is below their simulated overhead."""
+  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
+  budget = int(frac * resnet18.peak_bytes)
+  bound = auto_mod.offload_overhead_bound(resnet18, budget, "h100-pcie")
+  assert bound > 0.1
+  for name in ("vdnn", "window", "layrub"):
+    plan = jaxmem.get_planner(name)(resnet18, budget, "h100-pcie")
+    assert plan.estimated_peak_bytes <= budget, name
+    assert jaxmem.simulate(plan, "h100-pcie").overhead >= bound, name
+
+
+def test_auto_skips_offloading_that_cannot_win():
+  """ResNet-50 at half its peak on an H100: copying the activations over PCIe
+  takes longer than recomputing them, so the offload-only planners are not run."""
+  import resnet
+  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
+  step, args = resnet.build(batch_size=32, depth=50, image_size=224, abstract=True)
+  prog = jaxmem.analyze(step, *args)
+  plan = jaxmem.get_planner("auto")(prog, prog.peak_bytes // 2, "h100-pcie")
+  assert plan.estimated_peak_bytes <= prog.peak_bytes // 2
+  assert {name for name, _ in auto_mod.LAST.skipped} == set(auto_mod.OFFLOAD_ONLY)

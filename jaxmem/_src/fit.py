@@ -230,13 +230,14 @@ class Fitted:
       return _Entry(result, base_jit, base_compiled)
 
     tried: list[_Attempt] = []
-    plans: dict[int, Plan] = {}
+    plans: dict[tuple[int, int], Plan] = {}
 
-    def attempt(target: int, options: dict[str, Any]) -> _Attempt:
+    def attempt(target: int, options: dict[str, Any], planner: Any = None) -> _Attempt:
       target = max(0, int(target))
-      if target not in plans:
-        plans[target] = self._plan(program, target)
-      plan = plans[target]
+      key = (target, id(planner))
+      if key not in plans:
+        plans[key] = self._plan(program, target, planner)
+      plan = plans[key]
       jitted = self._planned_jit(program, plan, donate, options)
       compiled = jitted.lower(*dyn).compile()
       tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options))
@@ -246,12 +247,12 @@ class Fitted:
                 f"{', options ' + str(options) if options else ''})")
       return tried[-1]
 
-    def rounds(options: dict[str, Any]) -> _Attempt | None:
+    def rounds(options: dict[str, Any], planner: Any = None) -> _Attempt | None:
       """Plan-compile rounds, tightening the target by the compiled overshoot."""
       target = budget
       last = None
       for _ in range(self.max_rounds):
-        last = attempt(target, options)
+        last = attempt(target, options, planner)
         if last.memory.peak_bytes <= budget:
           return last
         if last.plan.estimated_peak_bytes > target:
@@ -260,7 +261,7 @@ class Fitted:
         if target <= 0:
           break
       if last is None or last.plan.estimated_peak_bytes <= last.plan.target_bytes:
-        last = attempt(0, options)  # the most aggressive plan this planner has
+        last = attempt(0, options, planner)  # the most aggressive plan this planner has
         if last.memory.peak_bytes <= budget:
           return last
       return None
@@ -268,7 +269,12 @@ class Fitted:
     found = None
     if budget >= _hard_floor(program, donate):
       for options in _compiler_option_sets(self.compiler_fallback):
-        found = rounds(options)
+        # `auto` picks by simulated time; when its plans overshoot in the
+        # compiled program, its single planners get their own rounds.
+        for planner in (None, *self._fallback_planners()):
+          found = rounds(options, planner)
+          if found is not None:
+            break
         if found is not None:
           break
     else:
@@ -288,8 +294,17 @@ class Fitted:
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     return _Entry(result, found.jitted, found.compiled)
 
-  def _plan(self, program: Program, target: int) -> Plan:
+  def _fallback_planners(self) -> tuple[Any, ...]:
+    from jaxmem._src.planners import PLANNERS
+    from jaxmem._src.planners.auto import auto
+    if self.planner is not auto:
+      return ()
+    return (PLANNERS["greedy"], PLANNERS["segments"])
+
+  def _plan(self, program: Program, target: int, planner: Any = None) -> Plan:
     """The planner's plan for ``target``, with this step's copy mode."""
+    if planner is not None:
+      return planner(program, target, self.device, copies=self.copies, window=self.window)
     if self._planner_takes_copies:
       return self.planner(program, target, self.device, copies=self.copies, window=self.window)
     plan = self.planner(program, target, self.device)

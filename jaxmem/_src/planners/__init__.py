@@ -7,7 +7,8 @@
 * ``window`` — paper 001 §3;
 * ``optimal`` — remat + offload as a MILP (scipy/HiGHS);
 * ``segments`` — recompute whole forward segments from checkpoints (Chen et al. 2016);
-* ``auto`` — the fastest simulated plan among the fast planners (and the MILP).
+* ``auto`` (also ``best``) — the fastest simulated plan among the fast planners (and the
+  MILP on small programs); the default of ``jaxmem.fit``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ PLANNERS: dict[str, Planner] = {
     "window": window_planner,
     "optimal": optimal,
     "segments": segments,
-    "auto": greedy,        # switched to `auto` once it is evaluated against the fit tests
-    "best": auto,
+    "auto": auto,
+    "best": auto,          # the name it had before it became `fit`'s default
 }
 
 
