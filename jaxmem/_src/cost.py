@@ -337,6 +337,24 @@ def cpu_profile() -> DeviceProfile:
   return _CALIBRATED
 
 
+# `jax.Device.device_kind` substrings -> profile, most specific first.
+_KINDS = (("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100-40g"),
+          ("v100", "v100"), ("1080 ti", "gtx-1080ti"), ("k40", "k40"))
+
+
+def profile_for_kind(kind: str) -> str:
+  """The profile name for a ``jax.Device.device_kind`` (``"NVIDIA H100 PCIe"`` -> ``h100-pcie``).
+
+  Unknown accelerators get ``h100-sxm``; pass ``device=`` to price for another.
+
+  Example:
+    >>> profile_for_kind("NVIDIA H100 PCIe"), profile_for_kind("Tesla V100-SXM2-16GB")
+    ('h100-pcie', 'v100')
+  """
+  k = kind.lower()
+  return next((name for key, name in _KINDS if key in k), "h100-sxm")
+
+
 def device_profile(device: str | DeviceProfile | None) -> DeviceProfile:
   """Looks up a device profile by name (default: the current JAX backend).
 
@@ -351,7 +369,8 @@ def device_profile(device: str | DeviceProfile | None) -> DeviceProfile:
     return device
   if device is None:
     import jax
-    device = "cpu" if jax.default_backend() == "cpu" else "h100-sxm"
+    device = "cpu" if jax.default_backend() == "cpu" else profile_for_kind(
+        jax.devices()[0].device_kind)
   if device == "cpu":
     return cpu_profile()
   try:
