@@ -44,13 +44,17 @@ class MILPResult:
 
 
 LAST = MILPResult()
+# Segment columns are measured with the schedule estimate while
+# segments x program ops stays under this (about 5 s of estimates).
+MEASURE_LIMIT = 150_000
 
 
 def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s: float = 20.0,
             min_bytes: int | None = None, max_chain: int = 8, rounds: int = 4,
             allow_remat: bool = True, allow_offload: bool = True,
             offload_cost: Any = None, copies: str = "sync",
-            window: int | float | None = None) -> Plan:
+            window: int | float | None = None,
+            segment_groups: tuple[int, ...] = (1, 2, 4)) -> Plan:
   """Cheapest remat/offload plan whose estimated peak is at most ``budget_bytes`` (MILP).
 
   Args:
@@ -66,6 +70,8 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     offload_cost: optional ``f(gap, pricer) -> seconds`` (default: both copies
       synchronous, :meth:`Pricer.offload_seconds`).
     copies, window: how the plan's copies are scheduled (see :class:`jaxmem.Plan`).
+    segment_groups: segment sizes (cuts per segment) offered as joint columns
+      (:mod:`~jaxmem._src.planners.segments`); ``()`` for single values only.
 
   Returns:
     A :class:`jaxmem.Plan` named ``optimal``. When no assignment satisfies the
@@ -97,21 +103,40 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     if f >= min_bytes:
       gaps.append(g)
       freed.append(f)
-  # Options per gap: (gap, action, decision) columns.
-  cols: list[tuple[int, Decision]] = []
+  # Columns: (gap index or -1 for a segment, its decisions, the (start, end,
+  # bytes) intervals it frees, its cost).
+  cols: list[tuple[int, tuple[Decision, ...], list[tuple[int, int, int]], float]] = []
   for gi, g in enumerate(gaps):
     if allow_remat:
       d = common.remat_decision(program, g, pricer, max_chain)
       if d is not None:
-        cols.append((gi, d))
+        cols.append((gi, (d,), [(d.start, d.end, freed[gi])], d.cost_s))
     if allow_offload:
       d = common.offload_decision(program, g, pricer)
       if d is not None:
         if offload_cost is not None:
           d = Decision(d.var, d.action, d.start, d.end, (), d.nbytes, offload_cost(g, pricer))
-        cols.append((gi, d))
+        cols.append((gi, (d,), [(d.start, d.end, freed[gi])], d.cost_s))
+  # Whole segments recomputed once from their checkpoint: one column each, so
+  # the solver sees the shared recomputation that per-value columns repeat.
+  segs = _segment_columns(program, device, min_bytes, segment_groups) if allow_remat else []
+  virtual = program.profile.virtual
+  # On programs small enough, a segment's effect is measured: the schedule
+  # estimate with the segment alone, position by position. It sees what the
+  # values' own bytes miss (XLA's stored broadcasts the recomputation removes,
+  # the restored values and kept checkpoints it adds).
+  measured: dict[int, np.ndarray] = {}
+  measure = len(segs) * program.num_ops <= MEASURE_LIMIT
+  for seg in segs:
+    iv = [(d.start, d.end, 0 if virtual is not None and virtual[d.var] else d.nbytes)
+          for d in seg.decisions]
+    if measure:
+      pins = tuple(p for p in pinned if not seg.lo < program.vars[p].defined_by <= seg.hi)
+      measured[len(cols)] = base - common.position_profile(program, seg.decisions, pins)[0]
+    cols.append((-1, seg.decisions, iv, seg.cost_s))
   LAST.status, LAST.rounds, LAST.proven = "no decision needed", 0, True
   best: tuple[Decision, ...] = ()
+  best_pins = pinned
   target = int(budget_bytes)
   if peak <= budget_bytes or not cols:
     LAST.seconds = time.perf_counter() - t0
@@ -122,61 +147,106 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
   for gi, g in enumerate(gaps):
     gaps_by_var.setdefault(g.var, []).append(gi)
   col_of_gap: dict[int, list[int]] = {}
-  for c, (gi, _) in enumerate(cols):
-    col_of_gap.setdefault(gi, []).append(c)
+  for c, (gi, _, _, _) in enumerate(cols):
+    if gi >= 0:
+      col_of_gap.setdefault(gi, []).append(c)
   n = len(cols)
-  cost_vec = np.array([max(d.cost_s, 0.0) for _, d in cols]) + 1e-12  # prefer fewer decisions
+  cost_vec = np.array([max(c[3], 0.0) for c in cols]) + 1e-12  # prefer fewer decisions
 
   # Pairwise rows: at most one action per gap; a recompute's inputs stay put.
   pair_rows: list[list[int]] = [cs for cs in col_of_gap.values() if len(cs) > 1]
-  for c, (gi, d) in enumerate(cols):
-    if d.action is not Action.REMAT:
+  for c, (gi, ds, _, _) in enumerate(cols):
+    if gi < 0 or ds[0].action is not Action.REMAT:
       continue
+    d = ds[0]
     for x in common.chain_inputs(program, d.recompute):
       for hi in gaps_by_var.get(x, ()):
         h = gaps[hi]
         if h.start < d.end <= h.end:
           for c2 in col_of_gap.get(hi, ()):
             pair_rows.append([c, c2])
+  # A segment excludes single-value columns on its values' gaps, and the
+  # segments of another size that overlap it.
+  seg_cols = [c for c, col in enumerate(cols) if col[0] < 0]
+  seg_of_col = dict(zip(seg_cols, segs))
+  for c in seg_cols:
+    for d in cols[c][1]:
+      for hi in gaps_by_var.get(d.var, ()):
+        h = gaps[hi]
+        if h.start < d.end and d.start < h.end:
+          for c2 in col_of_gap.get(hi, ()):
+            pair_rows.append([c, c2])
+  for i, a in enumerate(seg_cols):
+    for b in seg_cols[i + 1:]:
+      sa, sb = seg_of_col[a], seg_of_col[b]
+      if sa.lo < sb.hi and sb.lo < sa.hi:
+        pair_rows.append([a, b])
 
   for rnd in range(rounds):
     LAST.rounds = rnd + 1
     over = np.nonzero(base > target)[0]
     upper = (target - base[over]).astype(float)
     rows_l, cols_l, vals_l = [], [], []
-    for c, (_, d) in enumerate(cols):
-      lo = np.searchsorted(over, d.start, side="right")
-      hi = np.searchsorted(over, d.end, side="left")
-      if hi > lo:
-        rows_l.append(np.arange(lo, hi))
-        cols_l.append(np.full(hi - lo, c))
-        vals_l.append(np.full(hi - lo, -float(freed[cols[c][0]])))
+    for c, (_, _, intervals, _) in enumerate(cols):
+      if c in measured:
+        delta = measured[c][over]
+        nz = np.nonzero(delta)[0]
+        rows_l.append(nz)
+        cols_l.append(np.full(len(nz), c))
+        vals_l.append(-delta[nz].astype(float))
+        continue
+      for start, end, nbytes in intervals:
+        lo = np.searchsorted(over, start, side="right")
+        hi = np.searchsorted(over, end, side="left")
+        if hi > lo and nbytes:
+          rows_l.append(np.arange(lo, hi))
+          cols_l.append(np.full(hi - lo, c))
+          vals_l.append(np.full(hi - lo, -float(nbytes)))
     rows = np.concatenate(rows_l) if rows_l else np.zeros(0, int)
     colidx = np.concatenate(cols_l) if cols_l else np.zeros(0, int)
     vals = np.concatenate(vals_l) if vals_l else np.zeros(0)
+    # Memory rows are soft: a slack per row, priced above any plan's whole
+    # cost per ``min_bytes`` of excess. Where the linear model cannot reach the
+    # target (XLA effects it does not see, such as stored broadcasts a
+    # recomputed segment removes) the solver still returns the plan closest to
+    # it, and the schedule estimate decides whether it fits.
+    m = len(over)
+    penalty = 10.0 * float(cost_vec.sum()) / max(1, min_bytes)
+    objective = np.concatenate([cost_vec, np.full(m, penalty)])
     constraints = []
-    if len(over):
-      a = coo_matrix((vals, (rows, colidx)), shape=(len(over), n)).tocsr()
+    if m:
+      slack = coo_matrix((-np.ones(m), (np.arange(m), n + np.arange(m))), shape=(m, n + m))
+      a = (coo_matrix((vals, (rows, colidx)), shape=(m, n + m)) + slack).tocsr()
       constraints.append(LinearConstraint(a, -np.inf, upper))
     if pair_rows:
       pr, pc = [], []
       for r, cs in enumerate(pair_rows):
         pr += [r] * len(cs)
         pc += cs
-      b = coo_matrix((np.ones(len(pr)), (pr, pc)), shape=(len(pair_rows), n)).tocsr()
+      b = coo_matrix((np.ones(len(pr)), (pr, pc)), shape=(len(pair_rows), n + m)).tocsr()
       constraints.append(LinearConstraint(b, -np.inf, 1.0))
     remaining = max(0.1, time_limit_s - (time.perf_counter() - t0))
-    res = milp(cost_vec, constraints=constraints, integrality=np.ones(n),
-               bounds=Bounds(0, 1), options={"time_limit": remaining, "disp": False})
+    res = milp(objective, constraints=constraints,
+               integrality=np.concatenate([np.ones(n), np.zeros(m)]),
+               bounds=Bounds(0, np.concatenate([np.ones(n), np.full(m, np.inf)])),
+               options={"time_limit": remaining, "disp": False})
     LAST.status = str(res.message)
     if res.x is None:
       break
+    if m and res.x[n:].max() > 0.5:
+      LAST.status += " (linear model short of the target; relaxed)"
+    res.x = res.x[:n]
     LAST.proven = res.status == 0
-    LAST.objective_s = float(res.fun)
-    chosen = tuple(cols[c][1] for c in np.nonzero(res.x > 0.5)[0])
-    plan = common.finish(program, chosen, budget_bytes, "optimal", pinned, copies=copies,
+    LAST.objective_s = float(cost_vec @ (res.x > 0.5))
+    picked = np.nonzero(res.x > 0.5)[0]
+    chosen = tuple(d for c in picked for d in cols[c][1])
+    # No pins inside a recomputed segment (see segments._plan_for_segments).
+    inside = [(seg_of_col[c].lo, seg_of_col[c].hi) for c in picked if c in seg_of_col]
+    pins = tuple(p for p in pinned
+                 if not any(lo < program.vars[p].defined_by <= hi for lo, hi in inside))
+    plan = common.finish(program, chosen, budget_bytes, "optimal", pins, copies=copies,
                          window=window)
-    best = chosen
+    best, best_pins = chosen, pins
     if plan.estimated_peak_bytes <= budget_bytes:
       break
     # The linear model missed fusion effects: aim lower by the overshoot.
@@ -184,5 +254,20 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     if target <= 0:
       break
   LAST.seconds = time.perf_counter() - t0
-  return common.finish(program, best, budget_bytes, "optimal", pinned, copies=copies,
+  return common.finish(program, best, budget_bytes, "optimal", best_pins, copies=copies,
                        window=window)
+
+
+def _segment_columns(program: Any, device: Any, min_bytes: int,
+                     groups: tuple[int, ...]) -> list[Any]:
+  """The segments of every size in ``groups`` (distinct ones only)."""
+  import importlib
+  # (the package re-exports a function under the module's name)
+  find_segments = importlib.import_module("jaxmem._src.planners.segments").find_segments
+  out, seen = [], set()
+  for group in groups:
+    for seg in find_segments(program, device, min_bytes, group):
+      if (seg.lo, seg.hi) not in seen:
+        seen.add((seg.lo, seg.hi))
+        out.append(seg)
+  return out
