@@ -54,7 +54,8 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
             allow_remat: bool = True, allow_offload: bool = True,
             offload_cost: Any = None, copies: str = "sync",
             window: int | float | None = None,
-            segment_groups: tuple[int, ...] = (1, 2, 4)) -> Plan:
+            segment_groups: tuple[int, ...] = (1, 2, 4),
+            measure_segments: bool | None = None) -> Plan:
   """Cheapest remat/offload plan whose estimated peak is at most ``budget_bytes`` (MILP).
 
   Args:
@@ -72,6 +73,9 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     copies, window: how the plan's copies are scheduled (see :class:`jaxmem.Plan`).
     segment_groups: segment sizes (cuts per segment) offered as joint columns
       (:mod:`~jaxmem._src.planners.segments`); ``()`` for single values only.
+    measure_segments: price each segment column by the schedule estimate
+      (exact for the segment alone, one estimate per column); default: when
+      segments x ops is at most ``MEASURE_LIMIT``.
 
   Returns:
     A :class:`jaxmem.Plan` named ``optimal``. When no assignment satisfies the
@@ -126,7 +130,8 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
   # values' own bytes miss (XLA's stored broadcasts the recomputation removes,
   # the restored values and kept checkpoints it adds).
   measured: dict[int, np.ndarray] = {}
-  measure = len(segs) * program.num_ops <= MEASURE_LIMIT
+  measure = (len(segs) * program.num_ops <= MEASURE_LIMIT if measure_segments is None
+             else measure_segments)
   for seg in segs:
     iv = [(d.start, d.end, 0 if virtual is not None and virtual[d.var] else d.nbytes)
           for d in seg.decisions]
