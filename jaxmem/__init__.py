@@ -20,6 +20,7 @@ from jaxmem._src.cost import DeviceProfile, device_profile
 from jaxmem._src.errors import BudgetError, JaxmemError, format_bytes
 from jaxmem._src.fit import FitResult, Fitted, fit
 from jaxmem._src.lifetimes import Profile
+from jaxmem._src.max_batch import MaxBatchResult, max_batch
 from jaxmem._src.plan import Action, Decision, Plan
 from jaxmem._src.planners import PLANNERS, get_planner
 from jaxmem._src.schedule import Schedule
@@ -54,6 +55,7 @@ __all__ = [
     "FitResult", "Fitted", "HostArena", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile",
     "Program",
     "Role", "Schedule", "VarInfo", "analyze", "compiled_memory", "device_profile", "fit",
+    "MaxBatchResult", "max_batch",
     "dsa", "format_bytes", "get_planner", "native", "parse_budget", "plan", "Simulation",
     "simulate",
 ]

@@ -1,5 +1,5 @@
-"""Command line: ``python -m jaxmem demo``, ``python -m jaxmem report MODULE:FACTORY`` and
-``python -m jaxmem dsa IN.csv``."""
+"""Command line: ``python -m jaxmem demo``, ``python -m jaxmem report MODULE:FACTORY``,
+``python -m jaxmem max-batch MODULE:FACTORY --budget B`` and ``python -m jaxmem dsa IN.csv``."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
   demo.add_argument("--steps", type=int, default=3, help="train steps (default 3)")
   demo.add_argument("--budget", type=_budget, default=0.5,
                     help="budget: bytes, '800MiB', or a fraction of the unplanned peak (default 0.5)")
-  from jaxmem._src.cli import add_report_parser
+  from jaxmem._src.cli import add_max_batch_parser, add_report_parser
   add_report_parser(sub)
+  add_max_batch_parser(sub)
   from jaxmem._src.dsa import add_dsa_parser
   add_dsa_parser(sub)
   args = parser.parse_args(argv)
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "report":
     from jaxmem._src.cli import main_report
     return main_report(args)
+  if args.command == "max-batch":
+    from jaxmem._src.cli import main_max_batch
+    return main_max_batch(args)
   if args.command == "dsa":
     from jaxmem._src.dsa import main_dsa
     return main_dsa(args)

@@ -1,0 +1,375 @@
+"""The largest batch that fits a fixed budget: plain ``jax.jit``, JAX's remat policies, jaxmem.
+
+For every model (CPU-sized configurations of examples/*.py) and a fixed
+per-model budget, :func:`jaxmem.max_batch` searches the largest batch size whose
+*compiled* peak fits, for
+
+* plain ``jax.jit`` (the reference: ratio 1),
+* JAX's built-in policies, through the factories' ``remat_policy=`` keyword
+  (every block under ``nn.remat`` with ``nothing_saveable`` / ``dots_saveable``),
+* ``jaxmem.fit`` with the planners ``greedy``, ``segments`` and ``auto``.
+
+It is the analogue of paper 001's Table 1 (ResNet-50: the largest batch trainable in
+16 GB, with and without out-of-core scheduling) and of paper 004's VGG-16 result
+(batch 256 needing 28 GB trained on a 12 GB K40).
+
+Each factory builds the step once and re-batches its data arguments (the images
+and labels, or tokens) by repeating examples: the examples' ``build`` would
+re-initialise the parameters (seconds per call) for every batch size tried. The
+re-batched arguments are checked against the shapes of ``build(batch_size=B)``
+(traced with ``jax.eval_shape``). ``auto`` is searched first: its fit also runs
+greedy's and segments' rounds, so their max batch is at most auto's, which is
+tried first; the policies try jit's max batch first. Every search still ends
+with a batch size that fits next to one that does not.
+
+Run: ``python bench/max_batch.py [--quick] [--models mlp,cnn]``; writes
+bench/results/max_batch.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import json
+import pathlib
+import sys
+import time
+import traceback
+from typing import Any
+
+import jax
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import jaxmem  # noqa: E402
+
+POLICIES = ("nothing_saveable", "dots_saveable")
+PLANNERS = ("greedy", "segments", "auto")
+METHODS = ("jit", *POLICIES, *PLANNERS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  module: str
+  kwargs: dict[str, Any]
+  budget: str        # fixed budget: the unplanned jax.jit max batch is moderate
+  data: int          # trailing arguments that carry the batch (images+labels: 2, tokens: 1)
+  lo: int = 1        # where the jax.jit search starts
+  note: str = ""
+
+
+MODELS = {
+    "mlp": Model("mlp", dict(width=64, depth=4), "1MiB", 2, lo=32,
+                 note="4x64 MLP, adam"),
+    "cnn": Model("cnn", dict(image_size=16, channels=(16, 32)), "4MiB", 2, lo=4,
+                 note="2 conv blocks 16/32 ch, 16x16 images, adam"),
+    "transformer": Model("transformer", dict(seq_len=32, vocab=64, dim=32, heads=2, layers=2),
+                         "4MiB", 1, lo=4, note="GPT, 2 layers, dim 32, 32 tokens, adamw"),
+    "resnet": Model("resnet", dict(depth=18, image_size=16, width=8, classes=10), "5.5MiB", 2,
+                    lo=4, note="ResNet-18 (BatchNorm), width 8, 16x16 images, SGD-momentum"),
+    "vgg": Model("vgg", dict(image_size=32, width=1 / 16, head=256, classes=10), "4MiB", 2,
+                 lo=4, note="VGG-16 (13 conv + 3 dense), width 1/16, 32x32 images, SGD-momentum"),
+    "unet": Model("unet", dict(image_size=16, depth=2, width=8, classes=4), "2.5MiB", 2, lo=4,
+                  note="UNet, 2 levels, width 8, 16x16 images, adam"),
+    "densenet": Model("densenet", dict(image_size=16, blocks=(2, 2), growth=8, classes=10),
+                      "7MiB", 2, lo=4, note="DenseNet-BC (2, 2), growth 8, 16x16 images"),
+    "lstm": Model("lstm", dict(seq_len=4, vocab=64, embed=16, hidden=64, layers=1), "1MiB", 1,
+                  lo=8, note="char-LSTM, 1 layer of 64, 4 steps unrolled, adam"),
+}
+QUICK = ("mlp", "cnn", "transformer")
+QUICK_METHODS = ("jit", "nothing_saveable", "greedy", "auto")
+
+
+def log(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+class Rebatch:
+  """``factory(batch) -> (step, args)``: ``build`` once, then the data args re-batched.
+
+  The data arguments (the last ``model.data`` ones) are repeated along axis 0 to
+  the batch size asked for; parameters and optimizer state are the built ones.
+  """
+
+  def __init__(self, model: Model, remat_policy: str | None = None, built_batch: int = 4):
+    mod = importlib.import_module(model.module)
+    kw = dict(model.kwargs)
+    if remat_policy is not None:
+      kw["remat_policy"] = remat_policy
+    self.step, args = mod.build(batch_size=built_batch, **kw)
+    self.state, data = tuple(args[:-model.data]), tuple(args[-model.data:])
+    for leaf in jax.tree_util.tree_leaves(data):
+      assert leaf.shape[0] == built_batch, (model.module, leaf.shape)
+    self.data = jax.tree_util.tree_map(np.asarray, data)
+
+  def __call__(self, batch: int) -> tuple[Any, tuple[Any, ...]]:
+    data = jax.tree_util.tree_map(
+        lambda x: jax.numpy.asarray(np.resize(x, (batch, *x.shape[1:]))), self.data)
+    return self.step, (*self.state, *data)
+
+
+def has_remat_policy(model: Model) -> bool:
+  return "remat_policy" in inspect.signature(importlib.import_module(model.module).build).parameters
+
+
+def jit_peak(step: Any, args: tuple[Any, ...]) -> int:
+  return jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
+
+
+def search(factory: Rebatch, budget: str, planner: str | None, lo: int,
+           fallback_lo: int | None = None) -> tuple[jaxmem.MaxBatchResult, list[str]]:
+  """``jaxmem.max_batch`` from ``lo``; when ``lo`` does not fit, again from ``fallback_lo``."""
+  notes = []
+  try:
+    return jaxmem.max_batch(factory, budget, planner, lo=lo, verbose=True), notes
+  except jaxmem.BudgetError:
+    if fallback_lo is None or fallback_lo >= lo:
+      raise
+    notes.append(f"batch {lo} did not fit; searched again from {fallback_lo}")
+  res = jaxmem.max_batch(factory, budget, planner, lo=fallback_lo, hi=lo - 1, verbose=True)
+  return res, notes
+
+
+def search_near(factory: Rebatch, budget: str, planner: str | None, guess: int, lo: int,
+                hi: int | None = None) -> tuple[jaxmem.MaxBatchResult, list[str]]:
+  """The max batch when it is probably ``guess``: ``guess`` and ``guess + 1`` are tried first.
+
+  When ``guess`` fits and ``guess + 1`` does not (or ``guess`` is ``hi``), that is the
+  answer, from one or two compiles. Otherwise the search goes on upwards from ``guess + 1``,
+  or from ``lo`` up to ``guess - 1``. Either way the answer fits and the next batch size was
+  tried (or is ``hi``). The result's ``tried`` and ``seconds`` cover both searches.
+  """
+  t0 = time.perf_counter()
+  top = guess if hi is not None and guess >= hi else guess + 1
+  try:
+    first = jaxmem.max_batch(factory, budget, planner, lo=guess, hi=top, verbose=True)
+  except jaxmem.BudgetError as e:
+    if guess <= lo:
+      raise
+    res = jaxmem.max_batch(factory, budget, planner, lo=lo, hi=guess - 1, verbose=True)
+    failed = (guess, e.smallest_bytes if planner is None else None, False)
+    return (dataclasses.replace(res, tried=(failed, *res.tried), capped=False,
+                                seconds=time.perf_counter() - t0),
+            [f"batch {guess} did not fit; searched {lo}..{guess - 1}"])
+  if not first.capped or top == guess:
+    return first, []
+  res = jaxmem.max_batch(factory, budget, planner, lo=top, hi=hi, verbose=True)
+  return (dataclasses.replace(res, tried=first.tried + res.tried[1:],
+                              seconds=time.perf_counter() - t0),
+          [f"batch {top} fit too; searched on from {top}"])
+
+
+def row_of(name: str, model: Model, method: str, res: jaxmem.MaxBatchResult | None,
+           base: int | None, seconds: float, status: str = "ok", notes: list[str] | None = None
+           ) -> dict[str, Any]:
+  row: dict[str, Any] = dict(model=name, method=method, budget=model.budget,
+                             budget_bytes=jaxmem.parse_budget(model.budget).bytes,
+                             status=status, seconds=round(seconds, 2), notes=notes or [])
+  if res is not None:
+    row.update(batch=res.batch, peak_bytes=res.peak_bytes,
+               ratio=round(res.batch / base, 3) if base else None,
+               next_failure=res.next_failure, capped=res.capped,
+               tried=[list(t) for t in res.tried])
+  return row
+
+
+def same_shapes(model: Model, factory: Rebatch, batch: int) -> bool:
+  """The re-batched arguments have the shapes and dtypes of ``build(batch_size=batch)``'s.
+
+  ``build`` is traced abstractly (``jax.eval_shape``: nothing initialised or
+  compiled); the step depends on the batch only through its arguments' shapes.
+  """
+  build = importlib.import_module(model.module).build
+  want = jax.eval_shape(lambda: build(batch_size=batch, **model.kwargs)[1])
+  got = factory(batch)[1]
+  key = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(tree)]
+  return key(want) == key(got)
+
+
+def run_model(name: str, model: Model, methods: tuple[str, ...]) -> list[dict[str, Any]]:
+  rows: dict[str, dict[str, Any]] = {}
+  base: int | None = None
+  log(f"== {name}: {model.note}; budget {model.budget}")
+  t = time.perf_counter()
+  plain = Rebatch(model)
+  log(f"   built in {time.perf_counter() - t:.1f} s")
+  auto: jaxmem.MaxBatchResult | None = None
+  # auto first: its fit also runs greedy's and segments' rounds (the same calls), so a batch
+  # size auto cannot fit, they cannot either, and their searches stop at auto's max batch.
+  order = sorted(methods, key=lambda m: (m in ("greedy", "segments"), METHODS.index(m)))
+  for method in order:
+    jax.clear_caches()
+    t = time.perf_counter()
+    notes: list[str] = []
+    try:
+      if method == "jit":
+        res, notes = search(plain, model.budget, None, model.lo, 1)
+        base = res.batch
+        notes.append(f"re-batched arguments = build(batch_size={base})'s shapes: "
+                     f"{'yes' if same_shapes(model, plain, base) else 'NO'}")
+      elif method in POLICIES:
+        if not has_remat_policy(model):
+          rows[method] = row_of(name, model, method, None, base, 0.0, "skipped",
+                                [f"{model.module}.build has no remat_policy keyword"])
+          log(f"   {method}: skipped ({model.module}.build has no remat_policy)")
+          continue
+        # On XLA:CPU the policies rarely move the compiled peak: try jit's max batch first.
+        res, notes = search_near(Rebatch(model, method), model.budget, None, base or 1, 1)
+      else:
+        # jaxmem.fit compiles plain jax.jit when the step fits: the jit max batch fits.
+        lo = base or 1
+        if method != "auto" and auto is not None and not auto.capped and auto.batch >= lo:
+          # at most auto's max batch, and often exactly it: try that first
+          res, notes = search_near(plain, model.budget, method, auto.batch, lo, hi=auto.batch)
+          if res.batch == auto.batch:
+            notes.append(f"auto's fit of batch {auto.batch + 1} failed, and it runs "
+                         f"{method}'s rounds too: {method} cannot fit it either")
+        else:
+          res = jaxmem.max_batch(plain, model.budget, method, lo=lo, verbose=True)
+        if method == "auto":
+          auto = res
+      rows[method] = row_of(name, model, method, res, base, time.perf_counter() - t, notes=notes)
+      log(f"   {method}: max batch {res.batch} ({time.perf_counter() - t:.1f} s)")
+    except Exception as e:  # noqa: BLE001 (recorded in the table, not fatal)
+      msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+      log(f"   {method}: {msg}\n{traceback.format_exc()}")
+      rows[method] = row_of(name, model, method, None, base, time.perf_counter() - t, "error",
+                            notes + [msg])
+  return [rows[m] for m in methods if m in rows]
+
+
+def mib(n: int | None) -> str:
+  return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  head = "| model | budget | method | max batch | ratio to jit | compiled peak MiB | seconds |"
+  lines = [head, "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    if r["status"] == "ok":
+      capped_by_auto = any(n.startswith("auto's fit of batch") for n in r["notes"])
+      batch = str(r["batch"]) + ("*" if capped_by_auto else " (capped)" if r.get("capped") else "")
+      ratio = f"{r['ratio']:.2f}" if r.get("ratio") else "-"
+      lines.append(f"| {r['model']} | {r['budget']} | {r['method']} | {batch} | {ratio} | "
+                   f"{mib(r['peak_bytes'])} | {r['seconds']:.1f} |")
+    else:
+      what = r["status"] + (f": {r['notes'][-1]}" if r["notes"] else "")
+      lines.append(f"| {r['model']} | {r['budget']} | {r['method']} | {what} | - | - | "
+                   f"{r['seconds']:.1f} |")
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+  width = 0.8 / max(1, len(methods))
+  fig, ax = plt.subplots(figsize=(1.4 * len(models) + 3, 4.2))
+  for i, m in enumerate(methods):
+    xs, ys = [], []
+    for j, model in enumerate(models):
+      r = next((r for r in rows if r["model"] == model and r["method"] == m), None)
+      if r is not None and r["status"] == "ok" and r.get("ratio"):
+        xs.append(j + (i - (len(methods) - 1) / 2) * width)
+        ys.append(r["ratio"])
+    ax.bar(xs, ys, width, label=m)
+  ax.axhline(1.0, color="black", lw=0.8)
+  ax.set_xticks(range(len(models)), models)
+  ax.set_ylabel("max batch / jax.jit max batch")
+  ax.set_title("Largest batch within a fixed budget (compiled peaks, XLA:CPU)")
+  ax.legend(fontsize=8, ncol=len(methods), loc="upper center", bbox_to_anchor=(0.5, -0.08))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Model],
+          out: pathlib.Path) -> None:
+  out.mkdir(parents=True, exist_ok=True)
+  with open(out / "max_batch.json", "w", encoding="utf-8") as f:
+    json.dump(dict(meta=meta, models={k: dataclasses.asdict(v) for k, v in models.items()},
+                   rows=rows), f, indent=1, default=str)
+  lines = [
+      "# Largest batch within a fixed budget",
+      "",
+      "The analogue of paper 001's Table 1 (the largest ResNet-50 batch trainable in a 16 GB "
+      "budget, with and without out-of-core scheduling) and of paper 004's VGG-16 result "
+      "(batch 256, 28 GB, trained on a 12 GB K40), on CPU-sized models: for each model and a "
+      "fixed budget, the largest batch size whose **compiled** peak (`memory_analysis()`: "
+      "arguments + outputs + temp - aliased) fits, found by `jaxmem.max_batch` "
+      "(doubling, then bisection; every batch size compiled).",
+      "",
+      f"{meta}",
+      "",
+      "Methods: `jit` is plain `jax.jit` (ratio 1); `nothing_saveable` / `dots_saveable` are "
+      "the example's blocks under `nn.remat` with that JAX policy (the factories' "
+      "`remat_policy=`), compiled with plain `jax.jit`; `greedy`, `segments`, `auto` are "
+      "`jaxmem.fit(budget, planner=...)` (offloaded bytes live in host memory, outside the "
+      "budget, as in papers 001 and 004).",
+      "",
+      "Models (each factory builds the step once and repeats the data examples to every batch "
+      "size, rather than re-initialising the parameters per batch size; the step depends on "
+      "the batch only through the arguments' shapes, checked against `build(batch_size=B)` "
+      "traced abstractly):",
+      "",
+  ]
+  for k, m in models.items():
+    lines.append(f"* `{k}`: {m.note}; `{m.module}.build({', '.join(f'{a}={v!r}' for a, v in m.kwargs.items())})`,"
+                 f" budget {m.budget}")
+  lines += ["", table(rows), "",
+            "\\* auto's max batch B fits with this planner too, and B + 1 does not: "
+            "`jaxmem.fit(planner=\"auto\")` runs greedy's and segments' plan-compile rounds (the "
+            "same calls) when its own plans do not fit, and it failed at B + 1. Greedy and "
+            "segments are therefore searched after auto, from auto's max batch down; the "
+            "policies from jit's max batch (tried first, with the next batch size).", ""]
+  notes = [f"* {r['model']} / {r['method']}: {n}" for r in rows for n in r["notes"]
+           if r["status"] == "ok"]
+  if notes:
+    lines += ["Notes:", ""] + notes + [""]
+  lines += [
+      "On XLA:CPU `jax.checkpoint` policies barely change the compiled peak (DESIGN.md fact 1: "
+      "the CPU pipeline drops `optimization_barrier` and CSE merges the recomputation back "
+      "into the forward pass), so their ratio stays near 1 here; on a GPU they would recompute "
+      "for real. jaxmem's plans are enforced by its native fence/offload/fetch ops, so they "
+      "hold on the CPU too.",
+      "",
+      "Run: `python bench/max_batch.py` (`--quick`: mlp, cnn, transformer and four methods; "
+      "`--models a,b`).",
+  ]
+  (out / "max_batch.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  plot(rows, out / "max_batch.png")
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--quick", action="store_true",
+                 help=f"models {', '.join(QUICK)} and methods {', '.join(QUICK_METHODS)}")
+  p.add_argument("--models", default=None, help=f"comma-separated subset of {', '.join(MODELS)}")
+  p.add_argument("--out", default=str(ROOT / "bench" / "results"),
+                 help="directory for max_batch.{json,md,png}")
+  a = p.parse_args()
+  names = a.models.split(",") if a.models else list(QUICK if a.quick else MODELS)
+  unknown = [n for n in names if n not in MODELS]
+  if unknown:
+    p.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+  methods = QUICK_METHODS if a.quick else METHODS
+  t0 = time.perf_counter()
+  rows: list[dict[str, Any]] = []
+  for name in names:
+    rows += run_model(name, MODELS[name], methods)
+  meta = dict(jax=jax.__version__, backend=jax.default_backend(),
+              date=time.strftime("%Y-%m-%d %H:%M"), quick=a.quick,
+              total_s=round(time.perf_counter() - t0, 1))
+  print(table(rows))
+  print(f"\ntotal {meta['total_s']} s")
+  write(rows, meta, {n: MODELS[n] for n in names}, pathlib.Path(a.out))
+
+
+if __name__ == "__main__":
+  main()
