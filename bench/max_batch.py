@@ -17,10 +17,10 @@ Each factory builds the step once and re-batches its data arguments (the images
 and labels, or tokens) by repeating examples: the examples' ``build`` would
 re-initialise the parameters (seconds per call) for every batch size tried. The
 re-batched arguments are checked against the shapes of ``build(batch_size=B)``
-(traced with ``jax.eval_shape``). ``auto`` is searched first: its fit also runs
-greedy's and segments' rounds, so their max batch is at most auto's, which is
-tried first; the policies try jit's max batch first. Every search still ends
-with a batch size that fits next to one that does not.
+(traced with ``jax.eval_shape``). Searches after the first start next to an
+earlier answer (see ``search_near``): the policies at jit's max batch, segments
+at greedy's, auto at the larger of greedy's and segments'. Every search still
+ends with a batch size that fits next to one that does not.
 
 Run: ``python bench/max_batch.py [--quick] [--models mlp,cnn]``; writes
 bench/results/max_batch.{json,md,png}.
@@ -197,11 +197,8 @@ def run_model(name: str, model: Model, methods: tuple[str, ...]) -> list[dict[st
   t = time.perf_counter()
   plain = Rebatch(model)
   log(f"   built in {time.perf_counter() - t:.1f} s")
-  auto: jaxmem.MaxBatchResult | None = None
-  # auto first: its fit also runs greedy's and segments' rounds (the same calls), so a batch
-  # size auto cannot fit, they cannot either, and their searches stop at auto's max batch.
-  order = sorted(methods, key=lambda m: (m in ("greedy", "segments"), METHODS.index(m)))
-  for method in order:
+  found: dict[str, int] = {}
+  for method in methods:
     jax.clear_caches()
     t = time.perf_counter()
     notes: list[str] = []
@@ -220,18 +217,16 @@ def run_model(name: str, model: Model, methods: tuple[str, ...]) -> list[dict[st
         # On XLA:CPU the policies rarely move the compiled peak: try jit's max batch first.
         res, notes = search_near(Rebatch(model, method), model.budget, None, base or 1, 1)
       else:
-        # jaxmem.fit compiles plain jax.jit when the step fits: the jit max batch fits.
+        # jaxmem.fit compiles plain jax.jit when the step fits, so jit's max batch fits; the
+        # planners searched before give a first guess (auto runs greedy's and segments'
+        # rounds when its own plans do not fit, so it fits what they fit).
         lo = base or 1
-        if method != "auto" and auto is not None and not auto.capped and auto.batch >= lo:
-          # at most auto's max batch, and often exactly it: try that first
-          res, notes = search_near(plain, model.budget, method, auto.batch, lo, hi=auto.batch)
-          if res.batch == auto.batch:
-            notes.append(f"auto's fit of batch {auto.batch + 1} failed, and it runs "
-                         f"{method}'s rounds too: {method} cannot fit it either")
-        else:
+        guess = max([found[p] for p in PLANNERS if p in found and found[p] >= lo], default=None)
+        if guess is None:
           res = jaxmem.max_batch(plain, model.budget, method, lo=lo, verbose=True)
-        if method == "auto":
-          auto = res
+        else:
+          res, notes = search_near(plain, model.budget, method, guess, lo)
+      found[method] = res.batch
       rows[method] = row_of(name, model, method, res, base, time.perf_counter() - t, notes=notes)
       log(f"   {method}: max batch {res.batch} ({time.perf_counter() - t:.1f} s)")
     except Exception as e:  # noqa: BLE001 (recorded in the table, not fatal)
@@ -251,8 +246,7 @@ def table(rows: list[dict[str, Any]]) -> str:
   lines = [head, "|---|---|---|---|---|---|---|"]
   for r in rows:
     if r["status"] == "ok":
-      capped_by_auto = any(n.startswith("auto's fit of batch") for n in r["notes"])
-      batch = str(r["batch"]) + ("*" if capped_by_auto else " (capped)" if r.get("capped") else "")
+      batch = str(r["batch"]) + (" (capped)" if r.get("capped") else "")
       ratio = f"{r['ratio']:.2f}" if r.get("ratio") else "-"
       lines.append(f"| {r['model']} | {r['budget']} | {r['method']} | {batch} | {ratio} | "
                    f"{mib(r['peak_bytes'])} | {r['seconds']:.1f} |")
@@ -323,11 +317,12 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Mo
     lines.append(f"* `{k}`: {m.note}; `{m.module}.build({', '.join(f'{a}={v!r}' for a, v in m.kwargs.items())})`,"
                  f" budget {m.budget}")
   lines += ["", table(rows), "",
-            "\\* auto's max batch B fits with this planner too, and B + 1 does not: "
-            "`jaxmem.fit(planner=\"auto\")` runs greedy's and segments' plan-compile rounds (the "
-            "same calls) when its own plans do not fit, and it failed at B + 1. Greedy and "
-            "segments are therefore searched after auto, from auto's max batch down; the "
-            "policies from jit's max batch (tried first, with the next batch size).", ""]
+            "Search order per model: jit from a small batch (doubling, then bisection); each "
+            "policy tries jit's max batch B and B + 1 first; greedy searches from B; segments "
+            "tries greedy's max batch (and the next) first, auto the larger of greedy's and "
+            "segments' (`jaxmem.fit(planner=\"auto\")` also runs greedy's and segments' rounds "
+            "when its own plans do not fit). Every answer fits and the next batch size was "
+            "compiled and does not; `seconds` covers the whole search.", ""]
   notes = [f"* {r['model']} / {r['method']}: {n}" for r in rows for n in r["notes"]
            if r["status"] == "ok"]
   if notes:
