@@ -134,33 +134,41 @@ def search(factory: Rebatch, budget: str, planner: str | None, lo: int,
   return res, notes
 
 
-def search_near(factory: Rebatch, budget: str, planner: str | None, guess: int, lo: int,
-                hi: int | None = None) -> tuple[jaxmem.MaxBatchResult, list[str]]:
-  """The max batch when it is probably ``guess``: ``guess`` and ``guess + 1`` are tried first.
+def search_near(factory: Rebatch, budget: str, planner: str | None, guess: int, lo: int
+                ) -> tuple[jaxmem.MaxBatchResult, list[str]]:
+  """The max batch when it is probably near ``guess``: ``guess`` and one neighbour first.
 
-  When ``guess`` fits and ``guess + 1`` does not (or ``guess`` is ``hi``), that is the
-  answer, from one or two compiles. Otherwise the search goes on upwards from ``guess + 1``,
-  or from ``lo`` up to ``guess - 1``. Either way the answer fits and the next batch size was
-  tried (or is ``hi``). The result's ``tried`` and ``seconds`` cover both searches.
+  ``guess`` fits: ``guess + 1`` is tried; when it does not fit, ``guess`` is the answer
+  (two compiles), else the search goes on upwards from ``guess + 1``. ``guess`` does not
+  fit: ``guess - 1`` is tried; when it fits it is the answer, else the search runs from
+  ``lo`` up to ``guess - 2``. Either way the answer fits and the next batch size was
+  compiled and does not. The result's ``tried`` and ``seconds`` cover every search.
   """
   t0 = time.perf_counter()
-  top = guess if hi is not None and guess >= hi else guess + 1
+  before: list[tuple[int, int | None, bool]] = []   # failures ahead of the last search
   try:
-    first = jaxmem.max_batch(factory, budget, planner, lo=guess, hi=top, verbose=True)
-  except jaxmem.BudgetError as e:
+    first = jaxmem.max_batch(factory, budget, planner, lo=guess, hi=guess + 1, verbose=True)
+  except jaxmem.BudgetError:
+    before.append((guess, None, False))
     if guess <= lo:
       raise
-    res = jaxmem.max_batch(factory, budget, planner, lo=lo, hi=guess - 1, verbose=True)
-    failed = (guess, e.smallest_bytes if planner is None else None, False)
-    return (dataclasses.replace(res, tried=(failed, *res.tried), capped=False,
-                                seconds=time.perf_counter() - t0),
-            [f"batch {guess} did not fit; searched {lo}..{guess - 1}"])
-  if not first.capped or top == guess:
+    try:
+      res = jaxmem.max_batch(factory, budget, planner, lo=guess - 1, hi=guess - 1, verbose=True)
+      notes = [f"batch {guess} did not fit; {guess - 1} did"]
+    except jaxmem.BudgetError:
+      before.append((guess - 1, None, False))
+      if guess - 1 <= lo:
+        raise
+      res = jaxmem.max_batch(factory, budget, planner, lo=lo, hi=guess - 2, verbose=True)
+      notes = [f"batches {guess} and {guess - 1} did not fit; searched {lo}..{guess - 2}"]
+    return (dataclasses.replace(res, tried=(*before, *res.tried), capped=False,
+                                seconds=time.perf_counter() - t0), notes)
+  if not first.capped:
     return first, []
-  res = jaxmem.max_batch(factory, budget, planner, lo=top, hi=hi, verbose=True)
+  res = jaxmem.max_batch(factory, budget, planner, lo=guess + 1, verbose=True)
   return (dataclasses.replace(res, tried=first.tried + res.tried[1:],
                               seconds=time.perf_counter() - t0),
-          [f"batch {top} fit too; searched on from {top}"])
+          [f"batch {guess + 1} fit too; searched on from {guess + 1}"])
 
 
 def row_of(name: str, model: Model, method: str, res: jaxmem.MaxBatchResult | None,
