@@ -71,13 +71,19 @@ class MaxBatchResult:
       lines.append(f"next batch:     not tried (the search was capped at hi={self.batch})")
     elif nxt is not None:
       b, p = nxt
-      why = (f"compiled peak {format_bytes(p)}" if p is not None else
+      why = (f"compiled peak {_size(p, self.budget_bytes)}" if p is not None else
              "jaxmem.fit found no plan within the budget, or the arguments alone exceed it")
       lines.append(f"next batch:     {b} does not fit ({why})")
     steps = ", ".join(f"{b}{'' if ok else 'x'}" for b, _, ok in self.tried)
     lines.append(f"search:         {len(self.tried)} batch sizes in {self.seconds:.1f} s "
                  f"({steps}; x: did not fit)")
     return "\n".join(lines)
+
+
+def _size(n: int, budget_bytes: int) -> str:
+  """``format_bytes(n)``, with the exact bytes where it would read the same as the budget."""
+  text = format_bytes(n)
+  return f"{text} ({n} bytes)" if text == format_bytes(budget_bytes) and n != budget_bytes else text
 
 
 def _arg_bytes(args: Any) -> int:
@@ -209,7 +215,7 @@ def max_batch(factory: Factory, budget: int | str, planner: Any = "auto", *,
     except BudgetError as e:
       errors[batch] = e.with_traceback(None)  # its frames would keep this batch's arrays alive
       reasons[batch] = (f"jaxmem.fit found no plan within it (smallest compiled peak "
-                        f"{format_bytes(e.smallest_bytes)})")
+                        f"{_size(e.smallest_bytes, budget_bytes)})")
       return None, False
     return res.peak_bytes, res.peak_bytes <= budget_bytes
 
@@ -229,7 +235,7 @@ def max_batch(factory: Factory, budget: int | str, planner: Any = "auto", *,
       tried.append((batch, peak, fits))
       if verbose:
         if peak is not None:
-          what = (f"compiled peak {format_bytes(peak)} {'<=' if fits else '>'} budget "
+          what = (f"compiled peak {_size(peak, budget_bytes)} {'<=' if fits else '>'} budget "
                   f"{format_bytes(budget_bytes)}")
         else:
           what = f"budget {format_bytes(budget_bytes)}: {reasons[batch]}"
@@ -241,7 +247,7 @@ def max_batch(factory: Factory, budget: int | str, planner: Any = "auto", *,
     peak = cache[lo][0]
     err = errors.get(lo)
     smallest = peak if peak is not None else err.smallest_bytes if err is not None else 0
-    how = (f"its compiled peak is {format_bytes(peak)}" if peak is not None else
+    how = (f"its compiled peak is {_size(peak, budget_bytes)}" if peak is not None else
            reasons.get(lo, "it does not fit"))
     raise BudgetError(
         f"`jaxmem.max_batch`: even the smallest batch size tried, lo={lo}, does not fit "
