@@ -1,4 +1,4 @@
-"""Shared pieces of the example train steps: a classifier step with optax, and a CLI runner."""
+"""Shared pieces of the example train steps: the optax steps, synthetic batches, and a CLI runner."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -25,26 +26,105 @@ def remat_block(block: Any, remat_policy: str | None, **kw: Any) -> Any:
   return nn.remat(block, policy=policy, **kw)
 
 
+def optax_update(loss_fn: Callable[[Any], jax.Array], tx: Any, params: Any,
+                 opt_state: Any) -> tuple[Any, Any, jax.Array]:
+  """One optax step on ``loss_fn(params)``: ``(new_params, new_opt_state, loss)``."""
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy on integer labels (any label shape: per example or per pixel)."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def cross_entropy_step(apply: Callable[..., Any], tx: Any) -> Callable[..., Any]:
+  """``step(params, opt_state, inputs, labels) -> (params, opt_state, loss)``.
+
+  :func:`cross_entropy` of ``apply(params, inputs)``, updated by the optax
+  transformation ``tx``.
+  """
+  def step(params, opt_state, inputs, labels):
+    return optax_update(lambda p: cross_entropy(apply(p, inputs), labels), tx, params, opt_state)
+  return step
+
+
+def next_token_step(apply: Callable[..., Any], tx: Any) -> Callable[..., Any]:
+  """``step(params, opt_state, tokens)``: :func:`cross_entropy` predicting ``tokens[:, 1:]``."""
+  def step(params, opt_state, tokens):
+    return optax_update(lambda p: cross_entropy(apply(p, tokens[:, :-1]), tokens[:, 1:]),
+                        tx, params, opt_state)
+  return step
+
+
+def batchnorm_step(model: Any, tx: Any) -> Callable[..., Any]:
+  """``step(params, batch_stats, opt_state, images, labels)`` for a model with BatchNorm.
+
+  ``model.apply(..., train=True)`` updates the ``batch_stats`` collection; the
+  step returns the new parameters, batch statistics, optimizer state and loss.
+  """
+  def step(params, batch_stats, opt_state, images, labels):
+    def loss_fn(p):
+      logits, updates = model.apply({"params": p, "batch_stats": batch_stats}, images,
+                                    train=True, mutable=["batch_stats"])
+      return cross_entropy(logits, labels), updates["batch_stats"]
+    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_stats, opt_state, loss
+  return step
+
+
+def initial_state(init: Callable[[jax.Array], Any], key: jax.Array, abstract: bool) -> Any:
+  """``init(key)`` compiled, or its shapes only (``abstract``: nothing allocated)."""
+  return jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
+
+
+def image_batch(batch_size: int, image_size: int, label_shape: tuple[int, ...], classes: int,
+                seed: int, abstract: bool) -> tuple[Any, Any]:
+  """Synthetic NHWC float32 images and integer labels of ``label_shape`` below ``classes``.
+
+  ``abstract``: ``jax.ShapeDtypeStruct`` placeholders instead.
+  """
+  img_shape = (batch_size, image_size, image_size, 3)
+  if abstract:
+    return (jax.ShapeDtypeStruct(img_shape, jnp.float32),
+            jax.ShapeDtypeStruct(label_shape, jnp.int32))
+  kx, ky = jax.random.split(jax.random.PRNGKey(seed))
+  return (jax.random.normal(kx, img_shape, jnp.float32),
+          jax.random.randint(ky, label_shape, 0, classes))
+
+
+def batchnorm_classifier(model: Any, tx: Any, batch_size: int, image_size: int, classes: int,
+                         seed: int, abstract: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """:func:`batchnorm_step` and its arguments ``(params, batch_stats, opt_state, images, labels)``."""
+  def init(key: jax.Array) -> tuple[Any, Any, Any]:
+    variables = model.init(key, jnp.zeros((1, image_size, image_size, 3)), train=False)
+    return variables["params"], variables["batch_stats"], tx.init(variables["params"])
+
+  state = initial_state(init, jax.random.PRNGKey(seed), abstract)
+  images, labels = image_batch(batch_size, image_size, (batch_size,), classes, seed, abstract)
+  return batchnorm_step(model, tx), (*state, images, labels)
+
+
+def image_task(model: Any, tx: Any, batch_size: int, image_size: int,
+               label_shape: tuple[int, ...], classes: int, seed: int,
+               abstract: bool) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """:func:`cross_entropy_step` on images and its arguments ``(params, opt_state, images, labels)``."""
+  def init(key: jax.Array) -> tuple[Any, Any]:
+    params = model.init(key, jnp.zeros((1, image_size, image_size, 3)))
+    return params, tx.init(params)
+
+  state = initial_state(init, jax.random.PRNGKey(seed), abstract)
+  images, labels = image_batch(batch_size, image_size, label_shape, classes, seed, abstract)
+  return cross_entropy_step(model.apply, tx), (*state, images, labels)
+
+
 def classifier_step(model: Any, inputs: jax.Array, labels: jax.Array, tx: Any,
                     seed: int = 0) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-  """A full train step ``step(params, opt_state, inputs, labels)`` and its arguments.
-
-  Softmax cross-entropy on integer labels, gradient by ``jax.value_and_grad``,
-  update by the optax transformation ``tx``.
-  """
-  apply = model.apply
+  """:func:`cross_entropy_step` of ``model`` and its arguments ``(params, opt_state, inputs, labels)``."""
   params = model.init(jax.random.PRNGKey(seed), inputs[:1])
-  opt_state = tx.init(params)
-
-  def step(params, opt_state, inputs, labels):
-    def loss_fn(p):
-      logits = apply(p, inputs)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step, (params, opt_state, inputs, labels)
+  return cross_entropy_step(model.apply, tx), (params, tx.init(params), inputs, labels)
 
 
 def run_example(build: Callable[..., Any], default_batch: int, doc: str | None) -> None:

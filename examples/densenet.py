@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import remat_block, run_example
+from _common import batchnorm_classifier, remat_block, run_example
 
 DENSENET_121 = (6, 12, 24, 16)
 
@@ -106,33 +106,8 @@ def build(batch_size: int = 64, image_size: int = 224, blocks: Sequence[int] = D
   """
   model = DenseNet(tuple(blocks), growth, compression, classes, small_input=image_size <= 64,
                    remat_policy=remat_policy)
-  tx = optax.sgd(0.1, momentum=0.9, nesterov=True)
-  kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-  img_shape = (batch_size, image_size, image_size, 3)
-
-  def init(key: jax.Array) -> tuple[Any, Any, Any]:
-    variables = model.init(key, jnp.zeros((1, image_size, image_size, 3)), train=False)
-    return variables["params"], variables["batch_stats"], tx.init(variables["params"])
-
-  def step(params, batch_stats, opt_state, images, labels):
-    def loss_fn(p):
-      logits, updates = model.apply({"params": p, "batch_stats": batch_stats}, images,
-                                    train=True, mutable=["batch_stats"])
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-      return loss, updates["batch_stats"]
-    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_stats, opt_state, loss
-
-  if abstract:
-    params, stats, opt_state = jax.eval_shape(init, jax.random.PRNGKey(seed))
-    images = jax.ShapeDtypeStruct(img_shape, jnp.float32)
-    labels = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
-    return step, (params, stats, opt_state, images, labels)
-  params, stats, opt_state = jax.jit(init)(jax.random.PRNGKey(seed))
-  images = jax.random.normal(kx, img_shape, jnp.float32)
-  labels = jax.random.randint(ky, (batch_size,), 0, classes)
-  return step, (params, stats, opt_state, images, labels)
+  return batchnorm_classifier(model, optax.sgd(0.1, momentum=0.9, nesterov=True), batch_size,
+                              image_size, classes, seed, abstract)
 
 
 def main() -> None:

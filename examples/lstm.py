@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import remat_block, run_example
+from _common import initial_state, next_token_step, remat_block, run_example
 
 
 class CharLSTM(nn.Module):
@@ -80,18 +80,10 @@ def build(batch_size: int = 64, seq_len: int = 128, vocab: int = 128, embed: int
     params = model.init(key, jnp.zeros((1, seq_len), jnp.int32))
     return params, tx.init(params)
 
-  def step(params, opt_state, tokens):
-    def loss_fn(p):
-      logits = model.apply(p, tokens[:, :-1])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+  step = next_token_step(model.apply, tx)
+  params, opt_state = initial_state(init, jax.random.PRNGKey(seed + 1), abstract)
   if abstract:
-    params, opt_state = jax.eval_shape(init, jax.random.PRNGKey(seed + 1))
     return step, (params, opt_state, jax.ShapeDtypeStruct(tok_shape, jnp.int32))
-  params, opt_state = jax.jit(init)(jax.random.PRNGKey(seed + 1))
   tokens = jax.random.randint(jax.random.PRNGKey(seed), tok_shape, 0, vocab)
   return step, (params, opt_state, tokens)
 

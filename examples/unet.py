@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import remat_block, run_example
+from _common import image_task, remat_block, run_example
 
 
 class DoubleConv(nn.Module):
@@ -97,32 +97,8 @@ def build(batch_size: int = 8, image_size: int = 256, depth: int = 4, width: int
   if image_size % 2 ** depth:
     raise ValueError(f"image_size {image_size} is not a multiple of 2 ** depth = {2 ** depth}.")
   model = UNet(depth, width, classes, upsample, remat_policy)
-  tx = optax.adam(1e-3)
-  kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-  img_shape = (batch_size, image_size, image_size, 3)
-  mask_shape = (batch_size, image_size, image_size)
-
-  def init(key: jax.Array) -> tuple[Any, Any]:
-    params = model.init(key, jnp.zeros((1, image_size, image_size, 3)))
-    return params, tx.init(params)
-
-  def step(params, opt_state, images, masks):
-    def loss_fn(p):
-      logits = model.apply(p, images)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, masks).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  if abstract:
-    params, opt_state = jax.eval_shape(init, jax.random.PRNGKey(seed))
-    images = jax.ShapeDtypeStruct(img_shape, jnp.float32)
-    masks = jax.ShapeDtypeStruct(mask_shape, jnp.int32)
-    return step, (params, opt_state, images, masks)
-  params, opt_state = jax.jit(init)(jax.random.PRNGKey(seed))
-  images = jax.random.normal(kx, img_shape, jnp.float32)
-  masks = jax.random.randint(ky, mask_shape, 0, classes)
-  return step, (params, opt_state, images, masks)
+  return image_task(model, optax.adam(1e-3), batch_size, image_size,
+                    (batch_size, image_size, image_size), classes, seed, abstract)
 
 
 def main() -> None:

@@ -17,9 +17,8 @@ from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
-from _common import remat_block, run_example
+from _common import image_task, remat_block, run_example
 
 # (convolutions, channels) per stage: configuration "D" of Simonyan & Zisserman.
 VGG16 = ((2, 64), (2, 128), (3, 256), (3, 512), (3, 512))
@@ -81,31 +80,8 @@ def build(batch_size: int = 64, image_size: int = 224, width: float = 1.0, class
     ``(step, (params, opt_state, images, labels))``.
   """
   model = VGG(tuple(tuple(s) for s in stages), width, head, classes, remat_policy)
-  tx = optax.sgd(0.01, momentum=0.9)
-  kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-  img_shape = (batch_size, image_size, image_size, 3)
-
-  def init(key: jax.Array) -> tuple[Any, Any]:
-    params = model.init(key, jnp.zeros((1, image_size, image_size, 3)))
-    return params, tx.init(params)
-
-  def step(params, opt_state, images, labels):
-    def loss_fn(p):
-      logits = model.apply(p, images)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  if abstract:
-    params, opt_state = jax.eval_shape(init, jax.random.PRNGKey(seed))
-    images = jax.ShapeDtypeStruct(img_shape, jnp.float32)
-    labels = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
-    return step, (params, opt_state, images, labels)
-  params, opt_state = jax.jit(init)(jax.random.PRNGKey(seed))
-  images = jax.random.normal(kx, img_shape, jnp.float32)
-  labels = jax.random.randint(ky, (batch_size,), 0, classes)
-  return step, (params, opt_state, images, labels)
+  return image_task(model, optax.sgd(0.01, momentum=0.9), batch_size, image_size, (batch_size,),
+                    classes, seed, abstract)
 
 
 def main() -> None:

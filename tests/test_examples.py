@@ -40,8 +40,12 @@ CASES = {
     "cnn": Case("cnn", dict(batch_size=32, image_size=8, channels=(8, 8)), 0.6),
     "resnet": Case("resnet", dict(batch_size=16, depth=18, image_size=16, width=8, classes=10,
                                   stages=(1, 1)), 0.6),
+    # `auto` picks a segments plan here (greedy cannot reach 0.7). Its fences
+    # end XLA fusions at segment boundaries, and the cross-entropy's reductions
+    # then run in another order: the first step is bit-identical, the second
+    # step's loss differs in its last bit (measured: 3.866998 vs 3.8669984).
     "transformer": Case("transformer", dict(batch_size=16, seq_len=32, vocab=32, dim=32, heads=2,
-                                            layers=1), 0.7),
+                                            layers=1), 0.7, exact=False),
     "vgg": Case("vgg", dict(batch_size=32, image_size=16, width=1 / 16, head=256, classes=10,
                             stages=((1, 64), (2, 128))), 0.6),
     "unet": Case("unet", dict(batch_size=16, image_size=16, depth=1, width=8, classes=4), 0.7),

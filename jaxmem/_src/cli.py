@@ -375,13 +375,18 @@ def run_report(args: argparse.Namespace) -> int:
   return status
 
 
+def _with_user_errors(command: str, run: Any, args: argparse.Namespace) -> int:
+  """``run(args)`` with user errors turned into one line on stderr and exit status 2."""
+  try:
+    return run(args)
+  except UserError as e:
+    print(f"jaxmem {command}: error: {e}", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
 def main_report(args: argparse.Namespace) -> int:
   """``run_report`` with user errors turned into one line on stderr and exit status 2."""
-  try:
-    return run_report(args)
-  except UserError as e:
-    print(f"jaxmem report: error: {e}", file=sys.stderr)
-    return EXIT_USER_ERROR
+  return _with_user_errors("report", run_report, args)
 
 
 # -- max-batch ---------------------------------------------------------------
@@ -484,8 +489,4 @@ def run_max_batch(args: argparse.Namespace) -> int:
 
 def main_max_batch(args: argparse.Namespace) -> int:
   """``run_max_batch`` with user errors turned into one line on stderr and exit status 2."""
-  try:
-    return run_max_batch(args)
-  except UserError as e:
-    print(f"jaxmem max-batch: error: {e}", file=sys.stderr)
-    return EXIT_USER_ERROR
+  return _with_user_errors("max-batch", run_max_batch, args)

@@ -266,9 +266,7 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
 def _segment_columns(program: Any, device: Any, min_bytes: int,
                      groups: tuple[int, ...]) -> list[Any]:
   """The segments of every size in ``groups`` (distinct ones only)."""
-  import importlib
-  # (the package re-exports a function under the module's name)
-  find_segments = importlib.import_module("jaxmem._src.planners.segments").find_segments
+  from jaxmem._src.planners.segments import find_segments
   out, seen = [], set()
   for group in groups:
     for seg in find_segments(program, device, min_bytes, group):
