@@ -178,3 +178,22 @@ def test_transformations_of_a_fitted_step_are_explained():
     jax.jit(fitted)(jnp.ones(3))
   with pytest.raises(TypeError, match="not inside `jax.jit`, `jax.grad`"):
     jax.grad(fitted)(jnp.ones(3))
+
+
+def test_a_failing_fit_compiles_each_plan_once(mlp_small, monkeypatch):
+  # Half of this MLP's peak is out of reach (parameters, adam state and their
+  # updated copies are most of it). `auto`'s fallbacks (greedy, segments) and
+  # tighter targets return plans already compiled: each is compiled once.
+  from jaxmem._src import fit as fit_lib
+  step, args = mlp_small
+  compiled = []
+  planned_jit = fit_lib.Fitted._planned_jit
+
+  def counting(program, plan, donate, options=None):
+    compiled.append((fit_lib._plan_key(plan), repr(sorted((options or {}).items()))))
+    return planned_jit(program, plan, donate, options)
+
+  monkeypatch.setattr(fit_lib.Fitted, "_planned_jit", staticmethod(counting))
+  with pytest.raises(jaxmem.BudgetError):
+    jaxmem.fit(0.5)(step)(*args)
+  assert compiled and len(set(compiled)) == len(compiled)

@@ -33,6 +33,10 @@ FAMILIES = {
     "checkpoint": lambda x: jax.checkpoint(lambda y: jnp.sin(y) @ y)(x).sum(),
     "sort_cumsum": lambda x: jnp.sort(x, axis=0).sum() + jnp.cumsum(x, axis=1).sum(),
     "rng": lambda x: (x * jax.random.normal(jax.random.PRNGKey(0), x.shape)).sum(),
+    # split/unstack/stack/tile are primitives of their own in jax 0.10 (UNet's
+    # skip connections, an unrolled LSTM's per-step inputs and outputs).
+    "split_stack_tile": lambda x: (jnp.stack([*jnp.unstack(x[:4, :64]), *jnp.split(x[4], 4)])
+                                   * jnp.tile(x[0, :64], (8, 1))).sum(),
 }
 
 

@@ -44,14 +44,18 @@ class Fusion(enum.Enum):
 _CHEAP = """abs add add_any and broadcast_in_dim clamp convert_element_type copy copy_p eq ge gt
 imag integer_pow iota is_finite le lt max min mul ne neg not or real reduce_precision select_n
 shift_left shift_right_arithmetic shift_right_logical sign square sub xor stop_gradient
-nextafter population_count round floor ceil""".split()
+nextafter population_count round floor ceil tile complex conj mulhi pvary pbroadcast
+eq_to le_to lt_to""".split()
 _EXPENSIVE = """acos acosh asin asinh atan atan2 atanh cbrt cos cosh digamma div erf erf_inv erfc exp
 exp2 expm1 lgamma log log1p logistic pow rem rsqrt sin sinh sqrt tan tanh
-bessel_i0e bessel_i1e igamma igammac random_gamma_grad polygamma zeta""".split()
+bessel_i0e bessel_i1e igamma igammac random_gamma_grad polygamma zeta igamma_grad_a
+regularized_incomplete_beta""".split()
+# split/unstack are slices and stack a concatenate of reshapes: XLA lowers
+# them to those HLOs, which fuse into their consumers.
 _VIEW = """reshape squeeze expand_dims transpose slice rev pad concatenate dynamic_slice
-bitcast_convert_type""".split()
+bitcast_convert_type split unstack stack""".split()
 _REDUCE = """reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor
-argmax argmin cumsum cumprod cummax cummin""".split()
+argmax argmin cumsum cumprod cummax cummin reduce""".split()
 _MATERIALIZED = """dot_general conv_general_dilated ffi_call custom_call scan while cond
 select_and_scatter_add select_and_gather_add reduce_window_max reduce_window_min
 reduce_window_sum reduce_window gather scatter scatter-add scatter_add scatter_mul
@@ -60,7 +64,11 @@ triangular_solve cholesky lu qr eigh svd threefry2x32 random_bits random_seed ra
 random_unwrap random_fold_in random_split rng_bit_generator rng_uniform checkpoint remat remat2
 custom_lin shard_map pure_callback io_callback debug_callback psum all_gather
 reduce_scatter ppermute all_to_all axis_index pmax pmin optimization_barrier
-sharding_constraint device_put mesh_cast reshard clz""".split()
+sharding_constraint device_put mesh_cast reshard clz approx_top_k eig geqrf geqp3 hessenberg
+householder_product ormqr schur tridiagonal tridiagonal_solve cholesky_update symmetric_product
+lu_pivots_to_permutation ragged_dot_general ragged_all_to_all scatter-sub scatter-mul scatter-min
+scatter-max select_and_scatter custom_linear_solve empty create_token after_all layout_constraint
+psum_invariant all_gather_invariant""".split()
 
 FUSION_RULES: dict[str, Fusion] = {}
 for _names, _kind in ((_CHEAP, Fusion.CHEAP), (_EXPENSIVE, Fusion.EXPENSIVE), (_VIEW, Fusion.VIEW),
