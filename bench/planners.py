@@ -75,7 +75,7 @@ def baseline_rows(module, kw, peak):
     # The program as XLA runs it (no jaxmem pins or fences), on every device.
     base = {d: jaxmem.simulate(jaxmem.get_planner("greedy")(prog, prog.peak_bytes), d)
             .unplanned_time_s for d in DEVICES}
-    rows.append(dict(planner=f"jax.jit" if pol is None else f"nn.remat({pol})",
+    rows.append(dict(planner="jax.jit" if pol is None else f"nn.remat({pol})",
                      estimated=prog.peak_bytes, fraction=prog.peak_bytes / peak, base=base))
   ref = rows[0]["base"]
   for r in rows:
