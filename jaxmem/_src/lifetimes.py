@@ -28,7 +28,8 @@ class Profile:
     intervals: per value id, its estimated ``(start, end)`` after the XLA
       model (a fused-away value's inputs live until its last use); ``None``
       for profiles built from raw intervals.
-    virtual: per value id, whether XLA fuses it away (stores no bytes).
+    virtual: per value id, whether XLA stores no buffer of its own for it (fused
+      away, or merged into an identical earlier value by CSE).
   """
   live_bytes: np.ndarray
   peak_bytes: int
@@ -115,7 +116,7 @@ def program_profile(program) -> Profile:  # noqa: ANN001 (Program, avoids import
   materialized = {v.id for v in program.vars if v.is_input or v.is_output}
   hoist = hoisted_constants(program)
   flow = Flow(n, kinds, inputs, outputs, transient, hoisted, starts, ends, sizes, materialized,
-              hoist, shared, movable_ops(program))
+              hoist, shared, movable_ops(program), list(program.cse_keys))
   return estimate(flow)[0]
 
 
@@ -154,6 +155,49 @@ class Flow:
   hoist_to_start: set[int]
   shared_reads: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
   movable: list[bool] | None = None
+  cse_keys: list[Any] | None = None
+
+
+def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
+  """``flow`` with every repeated step merged into its first occurrence (XLA's HLO CSE).
+
+  A step whose key (``Flow.cse_keys``, see
+  :attr:`~jaxmem._src.trace.Program.cse_keys`) and operands equal an earlier
+  step's computes nothing: its readers read the earlier step's results, whose
+  lifetimes stretch to cover them. Steps with a ``None`` key (recomputations
+  behind a fence, effects) are never merged; nor is a step whose results are
+  stored for their own sake (step outputs, arguments). Also returns the
+  merged values, each mapped to the value that stands for it.
+  """
+  if not flow.cse_keys:
+    return flow, {}
+  alias: dict[int, int] = {}
+  seen: dict[tuple[Any, ...], int] = {}
+  inputs = [list(ins) for ins in flow.step_inputs]
+  outputs = [list(outs) for outs in flow.step_outputs]
+  start, end = list(flow.start), list(flow.end)
+  merged = False
+  for s in range(flow.num_steps):
+    ins = [alias.get(x, x) for x in inputs[s]]
+    inputs[s] = ins
+    key = flow.cse_keys[s]
+    if key is None or any(o in flow.materialized for o in outputs[s]):
+      continue
+    full = (key, tuple(ins))
+    first = seen.setdefault(full, s)
+    if first == s:
+      continue
+    for o, keep in zip(outputs[s], outputs[first]):
+      alias[o] = keep
+      end[keep] = max(end[keep], end[o])
+      start[o] = end[o] = -1
+    inputs[s], outputs[s] = [], []
+    merged = True
+  if not merged:
+    return flow, {}
+  return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
+                             shared_reads=[[(alias.get(x, x), b) for x, b in reads]
+                                           for reads in flow.shared_reads]), alias
 
 
 def _positions(flow: Flow) -> list[int]:
@@ -189,6 +233,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   """
   from jaxmem._src.xla_model import FUSIBLE_CONSUMERS, Fusion
 
+  flow, merged = merge_common_subexpressions(flow)
   nvals = len(flow.nbytes)
   pos = _positions(flow)
   start = [pos[s] if s >= 0 else s for s in flow.start]
@@ -220,7 +265,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       for x in flow.step_inputs[s]:
         end[x] = max(end[x], end[o])
   for v in flow.hoist_to_start:
-    if not virtual[v]:
+    if not virtual[v] and v not in merged:
       start[v] = 0
   ids = [v for v in range(nvals) if start[v] >= 0]
   starts = [start[v] for v in ids]
@@ -247,6 +292,9 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     transient[pos[s]] += t
   prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
+  for v, keep in merged.items():      # stored by the value it was merged into
+    start[v], end[v] = start[keep], end[keep]
+    virtual[v] = True
   intervals = tuple((start[v], max(end[v], start[v])) for v in range(nvals))
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
                              holder_bytes=tuple(b for _, b in holders), intervals=intervals,

@@ -201,9 +201,14 @@ class Schedule:
     materialized = set(prog.invars) | set(prog.consts) | outs
     mv = lifetimes.movable_ops(prog)
     movable = [st.kind is StepKind.COMPUTE and not st.recompute and mv[st.op] for st in self.steps]
+    # Original ops merge as XLA's CSE merges them; recomputations sit behind
+    # fences and are kept apart (see `fence_points`).
+    keys = prog.cse_keys
+    cse = [keys[st.op] if st.kind is StepKind.COMPUTE and not st.recompute else None
+           for st in self.steps]
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
                           [self.value_bytes(v) for v in range(nvals)], materialized, hoist,
-                          shared, movable)
+                          shared, movable, cse)
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:

@@ -81,6 +81,15 @@ class Op:
     return [x for x in self.inputs if isinstance(x, int)]
 
 
+# Primitives whose results differ between two identical-looking calls, or
+# that XLA keeps apart (custom calls, collectives, copies made on purpose).
+_NEVER_MERGED = frozenset({
+    "rng_bit_generator", "rng_uniform", "random_bits", "iota_2x32_shape", "ffi_call",
+    "custom_call", "optimization_barrier", "copy", "copy_p", "device_put", "pure_callback",
+    "io_callback", "debug_callback", "psum", "all_gather", "ppermute", "all_to_all",
+    "reduce_scatter", "axis_index"})
+
+
 @dataclasses.dataclass(frozen=True)
 class VarInfo:
   """One variable (buffer) of the program.
@@ -402,6 +411,36 @@ class Program:
     self._device_fraction = tuple(fractions)
 
   # -- queries --------------------------------------------------------------
+
+  @functools.cached_property
+  def cse_keys(self) -> tuple[Any, ...]:
+    """Per op, what XLA's common-subexpression elimination compares, or ``None``.
+
+    XLA merges instructions with the same opcode, attributes and operands
+    (HLO CSE), so an op repeated on the same inputs is computed and stored
+    once. flax's ``OptimizedLSTMCell`` concatenates its gate kernels at every
+    time step: the jaxpr has one ``[hidden, 4*hidden]`` copy per step, XLA's
+    buffer assignment one (measured on the char-LSTM example). The key holds
+    the primitive and its parameters; :func:`~jaxmem._src.lifetimes.estimate`
+    adds the operands. Ops with bodies, effects or random bits are never
+    merged.
+    """
+    keys: list[Any] = []
+    for op in self.ops:
+      eqn = op.eqn
+      if (eqn.effects or not op.outputs or op.primitive in _NEVER_MERGED
+          or _compat.sub_jaxprs(eqn)):
+        keys.append(None)
+        continue
+      try:
+        params = repr(sorted(eqn.params.items()))
+        literals = tuple(repr(x) for x in op.inputs if not isinstance(x, int))
+      except Exception:  # noqa: BLE001 (a param without a stable repr: do not merge)
+        keys.append(None)
+        continue
+      keys.append((op.primitive, params, literals,
+                   tuple(str(self.vars[o].aval) for o in op.outputs)))
+    return tuple(keys)
 
   def op_memory_model(self, planned: bool) -> tuple[tuple[Any, int, int, Any], ...]:
     """Per op: ``(fusion kind, transient bytes, hoisted bytes, shared broadcasts)``.
