@@ -209,7 +209,10 @@ def max_batch(factory: Factory, budget: int | str, planner: Any = "auto", *,
       peak = compiled_memory(jax.jit(step, **jit_kw).lower(*args).compile()).peak_bytes
       return peak, peak <= budget_bytes
     from jaxmem._src.fit import fit  # noqa: PLC0415
-    fitted = fit(budget_bytes, planner=planner, device=device, **fit_kwargs)(step)
+    # Whether a batch fits is all the search needs: no looser-plan rounds
+    # unless the caller asks for them.
+    kwargs = {"relax": False, **fit_kwargs}
+    fitted = fit(budget_bytes, planner=planner, device=device, **kwargs)(step)
     try:
       res = fitted.fit_result(*args)
     except BudgetError as e:
