@@ -132,3 +132,14 @@ def test_repeated_ops_on_the_same_inputs_are_stored_once():
       doc[k]["interval"][1] for k in kernels)
   compiled = jaxmem.compiled_memory(jax.jit(jax.grad(f)).lower(*args).compile()).peak_bytes
   assert abs(prog.peak_bytes / compiled - 1) < 0.25, (prog.peak_bytes, compiled)
+
+
+def test_ops_that_differ_only_in_where_a_literal_sits_are_not_merged():
+  def f(x):
+    return jnp.sum(jnp.exp(x - 1.0) @ jnp.exp(1.0 - x).T)
+  prog = jaxmem.analyze(f, jnp.ones((64, 64)))
+  doc = {v["id"]: v for v in prog.to_json()["values"]}
+  subs = [op.outputs[0] for op in prog.ops if op.primitive == "sub"]
+  assert len(subs) == 2 and not any(doc[s]["fused"] and doc[s]["estimated_interval"] ==
+                                    doc[subs[0]]["estimated_interval"] for s in subs[1:])
+  assert len(set(prog.cse_keys[prog.vars[s].defined_by] for s in subs)) == 2

@@ -176,7 +176,6 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
   inputs = [list(ins) for ins in flow.step_inputs]
   outputs = [list(outs) for outs in flow.step_outputs]
   start, end = list(flow.start), list(flow.end)
-  merged = False
   for s in range(flow.num_steps):
     ins = [alias.get(x, x) for x in inputs[s]]
     inputs[s] = ins
@@ -192,8 +191,7 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
       end[keep] = max(end[keep], end[o])
       start[o] = end[o] = -1
     inputs[s], outputs[s] = [], []
-    merged = True
-  if not merged:
+  if not alias:
     return flow, {}
   return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
                              shared_reads=[[(alias.get(x, x), b) for x, b in reads]

@@ -434,7 +434,8 @@ class Program:
         continue
       try:
         params = repr(sorted(eqn.params.items()))
-        literals = tuple(repr(x) for x in op.inputs if not isinstance(x, int))
+        # literals with their positions: `x - 1` and `1 - x` read the same values
+        literals = tuple((i, repr(x)) for i, x in enumerate(op.inputs) if not isinstance(x, int))
       except Exception:  # noqa: BLE001 (a param without a stable repr: do not merge)
         keys.append(None)
         continue
