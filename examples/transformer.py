@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import remat_block, run_example
+from _common import next_token_step, remat_block, run_example
 
 
 class DecoderBlock(nn.Module):
@@ -59,15 +59,7 @@ def build(batch_size: int = 16, seq_len: int = 128, vocab: int = 256, dim: int =
   tx = optax.adamw(1e-3, weight_decay=1e-2)
   opt_state = tx.init(params)
 
-  def step(params, opt_state, tokens):
-    def loss_fn(p):
-      logits = model.apply(p, tokens[:, :-1])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step, (params, opt_state, tokens)
+  return next_token_step(model.apply, tx), (params, opt_state, tokens)
 
 
 def main() -> None:
