@@ -7,7 +7,7 @@ nothing is initialised or compiled and only the analysis is measured. Each stage
 
   (a) trace      ``jax.make_jaxpr`` of the flattened step (JAX's time, not jaxmem's)
   (b) analyze    jaxmem's own part: flattening into a Program (roles, sources) + lifetimes
-                 (``Program(..., closed_jaxpr=...)`` and ``.profile``)
+                 (``trace(..., closed_jaxpr=...)`` and ``analyze_program``)
   (c) report     ``prog.report()``
   (d) to_json    ``prog.to_json()`` (plus ``json.dumps`` of it, listed separately)
   (e) plan       the greedy planner at 0.5 of the estimated peak (batch 1024 makes the
@@ -43,7 +43,9 @@ import jax.numpy as jnp
 
 import jaxmem
 from jaxmem._src import _compat
-from jaxmem._src.trace import Program
+from jaxmem._src.api.program import Program
+from jaxmem._src.estimate.analysis import analyze_program
+from jaxmem._src.ir.trace import trace as trace_program
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 TARGET_S = 2.0
@@ -89,9 +91,7 @@ def trace(step: Callable[..., Any], args: tuple) -> Any:
 
 def analyze_traced(step: Callable[..., Any], args: tuple, closed: Any) -> Program:
   """Stage (b): jaxmem's flattening and lifetimes of an already traced step."""
-  prog = Program(step, args, closed_jaxpr=closed)
-  prog.profile  # noqa: B018 (computes and caches the lifetimes)
-  return prog
+  return Program.of(analyze_program(trace_program(step, args, closed_jaxpr=closed)))
 
 
 def timed(fn: Callable[[], Any], reps: int, give_up_s: float | None = None) -> tuple[list[float], Any]:
@@ -147,7 +147,7 @@ def main() -> int:
   t_trace, closed = timed(lambda: trace(step, args), a.reps)
   print("(b) flattening + lifetimes ...", file=sys.stderr, flush=True)
   t_anal, prog = timed(lambda: analyze_traced(step, args, closed), a.reps)
-  t_total, _ = timed(lambda: jaxmem.analyze(step, *args).profile, 1)
+  t_total, _ = timed(lambda: jaxmem.analyze(step, *args), 1)
   n_ops = prog.num_ops
   print(f"program: {n_ops} equations, {len(prog.vars)} values, estimated peak "
         f"{jaxmem.format_bytes(prog.peak_bytes)}", file=sys.stderr)

@@ -11,7 +11,7 @@ host arena, which holds the offloaded activations:
 * the *reached* amount is each allocator's footprint (memory taken from the OS and cached) after
   replaying the host alloc/free trace for several training steps.
 
-Allocators (``jaxmem._src.arena``):
+Allocators (``jaxmem._src.native.arena``):
 
 * ``best_fit/2MiB`` and ``best_fit/20MiB`` -- best-fit with caching, segments of at least 2 MiB
   (PyTorch's small-pool segment) or 20 MiB (PyTorch's large-pool segment for 1-10 MiB requests);
@@ -24,7 +24,7 @@ Allocators (``jaxmem._src.arena``):
 Traces:
 
 * ``fit:<model>@<budget>`` -- ``jaxmem.fit(budget)`` on the example models; an offload step
-  allocates the value's bytes, its fetch frees them (``arena.offload_trace``); 3 steps replayed.
+  allocates the value's bytes, its fetch frees them (``offload_trace``); 3 steps replayed.
 * ``synthetic:layerwise`` -- layer-wise offload of a transformer whose sequence length changes every
   step (bucketed dynamic shapes): per layer 4 tensors of different sizes, fetched in reverse
   layer order with a 2-layer prefetch window (LIFO-ish), plus per-step gradient staging buffers
@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 
 import jaxmem  # noqa: E402
-from jaxmem._src import arena  # noqa: E402
+from jaxmem._src.native import arena  # noqa: E402
+from jaxmem._src.plan.host_trace import offload_trace  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 RESULTS = ROOT / "bench" / "results"
@@ -125,7 +126,7 @@ def fit_rows(quick: bool) -> list[dict[str, Any]]:
         rows.append(row)
         continue
       row["fit_s"] = time.perf_counter() - t
-      trace = arena.offload_trace(res.plan)
+      trace = offload_trace(res.plan)
       sizes = sorted({e[2] for e in trace if len(e) == 3})
       row.update(offloads=res.plan.num_offload, offloaded_bytes=res.plan.offloaded_bytes,
                  distinct_sizes=len(sizes), sizes=sizes,

@@ -85,7 +85,7 @@ def build(case: Case):
 def planned_compiled(plan: Any, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
   """The plan's rewritten step, compiled for ``args`` (same flat signature as the step)."""
   import jax
-  from jaxmem._src.rewrite import schedule_function
+  from jaxmem._src.lower.ffi import schedule_function
   run = schedule_function(plan.schedule())
   out_tree = plan.program.out_tree
 
@@ -112,7 +112,7 @@ def max_abs_diff(a: Any, b: Any) -> float:
 def run_case(case: Case, rounds: int, window: float | None) -> dict[str, Any]:
   import jax
   import jaxmem
-  from jaxmem._src import native
+  from jaxmem import native
   from jaxmem._src.planners.greedy import greedy
 
   step, args = build(case)
@@ -190,7 +190,7 @@ def run_case(case: Case, rounds: int, window: float | None) -> dict[str, Any]:
 def worker(a: argparse.Namespace) -> None:
   setting = apply_setting(a.threads)
   import jax
-  from jaxmem._src import native
+  from jaxmem import native
   cases = [c for c in CASES if not a.cases or c.name in a.cases.split(",")]
   rows = []
   for case in cases:

@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
-from jaxmem._src.planners import PLANNERS  # noqa: E402
+from jaxmem._src.planners.registry import PLANNERS  # noqa: E402
 
 PLANNER_NAMES = ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "optimal", "auto")
 DEVICES = ("h100-pcie", "v100", "k40")

@@ -1,6 +1,6 @@
 """What XLA keeps live at the compiled peak, next to what jaxmem estimates.
 
-The tool behind jaxmem's XLA memory model (``jaxmem/_src/xla_model.py``): it
+The tool behind jaxmem's XLA memory model (``jaxmem/_src/estimate/xla_model.py``): it
 compiles ``jax.jit(step)`` with ``--xla_dump_to``, reads the dumped buffer
 assignment and live ranges, finds the point where the most temp bytes are live
 and lists those buffers with the jaxpr op that made them (HLO ``op_name``
@@ -110,10 +110,10 @@ def main() -> None:
     raise SystemExit(subprocess.call([sys.executable, *sys.argv], env=env))
 
   import jax  # noqa: F401  (after XLA_FLAGS is set)
-  from jaxmem._src import cli
-  from jaxmem._src.errors import format_bytes
-  from jaxmem._src.trace import Program
-  from jaxmem._src.verify import compiled_memory
+  import jaxmem
+  from jaxmem._src.cli import common as cli
+  from jaxmem._src.base.errors import format_bytes
+  from jaxmem._src.verify.compiled import compiled_memory
 
   factory, name = cli.load_factory(args.target)
   kwargs = dict(cli.parse_kw(k) for k in args.kw)
@@ -135,7 +135,7 @@ def main() -> None:
     by_module[module_of(meta) or "(no metadata)"] += v["size"]
     by_op[meta.rsplit("/", 1)[-1] or "(no metadata)"] += v["size"]
 
-  prog = Program(step, step_args)
+  prog = jaxmem.analyze(step, *step_args)
   prof = prog.profile
   ours: dict[str, int] = collections.Counter()
   for vid, b in zip(prof.holders, prof.holder_bytes):

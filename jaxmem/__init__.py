@@ -10,54 +10,34 @@ Trace -> lifetimes -> plan -> rewrite -> verify:
 65536.0
 """
 
-from jaxmem import dsa
-from jaxmem._src import native
-from jaxmem._src.arena import ArenaStats, HostArena
-from jaxmem._src.blocks import Block
-from jaxmem._src.budget import BudgetSpec, parse_budget
-from jaxmem._src.compare import Comparison, compare
-from jaxmem._src.cost import DeviceProfile, device_profile
-from jaxmem._src.errors import BudgetError, JaxmemError, format_bytes
-from jaxmem._src.fit import FitResult, Fitted, fit
-from jaxmem._src.lifetimes import Profile
-from jaxmem._src.max_batch import MaxBatchResult, max_batch
-from jaxmem._src.plan import Action, Decision, Plan
-from jaxmem._src.planners import PLANNERS, get_planner
-from jaxmem._src.schedule import Schedule
-from jaxmem._src.simulate import Simulation, simulate
-from jaxmem._src.trace import Op, Program, Role, VarInfo, analyze
-from jaxmem._src.verify import CompiledMemory, compiled_memory
-
-
-def plan(fun, *args, budget, planner="auto", device=None):  # noqa: ANN001, ANN201
-  """Plans ``fun(*args)`` for an estimated peak of ``budget`` (no compile).
-
-  Args:
-    fun: the step.
-    *args: example arguments.
-    budget: int bytes or a string with units (fractions need a compile: use
-      :func:`fit`).
-    planner: planner name or callable.
-    device: device profile name.
-
-  Returns:
-    A :class:`Plan`.
-  """
-  spec = parse_budget(budget)
-  program = analyze(fun, *args)
-  target = spec.resolve(program.peak_bytes)
-  return get_planner(planner)(program, target, device)
-
+from jaxmem import dsa, native
+from jaxmem._src.api.compare import Comparison, compare
+from jaxmem._src.api.fit import FitResult, Fitted, fit
+from jaxmem._src.api.max_batch import MaxBatchResult, max_batch
+from jaxmem._src.api.plan import plan
+from jaxmem._src.api.program import Program, analyze
+from jaxmem._src.base.budget import BudgetSpec, parse_budget
+from jaxmem._src.base.errors import BudgetError, JaxmemError, format_bytes
+from jaxmem._src.estimate.devices import DeviceProfile, device_profile
+from jaxmem._src.estimate.lifetimes import Profile
+from jaxmem._src.ir.blocks import Block
+from jaxmem._src.ir.program import Op, Role, VarInfo
+from jaxmem._src.native.arena import ArenaStats, HostArena
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import Schedule
+from jaxmem._src.plan.simulate import Simulation, simulate
+from jaxmem._src.planners.protocol import Planner
+from jaxmem._src.planners.registry import PLANNERS, get_planner
+from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 
 __all__ = [
     "Action", "ArenaStats", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
-    "Decision", "DeviceProfile", "compare",
-    "FitResult", "Fitted", "HostArena", "JaxmemError", "Op", "PLANNERS", "Plan", "Profile",
-    "Program",
-    "Role", "Schedule", "VarInfo", "analyze", "compiled_memory", "device_profile", "fit",
-    "MaxBatchResult", "max_batch",
-    "dsa", "format_bytes", "get_planner", "native", "parse_budget", "plan", "Simulation",
-    "simulate",
+    "Decision", "DeviceProfile", "FitResult", "Fitted", "HostArena", "JaxmemError",
+    "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "Profile", "Program", "Role",
+    "Schedule", "Simulation", "VarInfo", "analyze", "compare", "compiled_memory",
+    "device_profile", "dsa", "fit", "format_bytes", "get_planner", "max_batch", "native",
+    "parse_budget", "plan", "simulate",
 ]
 
 __version__ = "0.1.0"

@@ -1,6 +1,7 @@
 """Offline Dynamic Storage Allocation: static offsets for buffers with known lifetimes.
 
-Public API of :mod:`jaxmem._src.dsa` (see there for the algorithms):
+Public API of :mod:`jaxmem._src.native.dsa` (see there for the algorithms), and
+:func:`from_program`, the instance of a program's estimated lifetimes:
 
 >>> import jaxmem
 >>> sol = jaxmem.dsa.solve(lower=[0, 1], upper=[2, 3], size=[16, 8])
@@ -8,13 +9,13 @@ Public API of :mod:`jaxmem._src.dsa` (see there for the algorithms):
 (24, 24, True)
 """
 
-from jaxmem._src.dsa import (
+from jaxmem._src.estimate.analysis import allocation_instance as from_program
+from jaxmem._src.native.dsa import (
     METHODS,
     CapacityError,
     CsvInstance,
     Solution,
     check,
-    from_program,
     max_load,
     read_csv,
     solve,

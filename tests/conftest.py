@@ -22,7 +22,7 @@ if str(EXAMPLES) not in sys.path:
 
 @pytest.fixture(autouse=True)
 def _clean_store():
-  from jaxmem._src import native
+  from jaxmem import native
   native.store_clear()
   yield
   stats = native.store_stats()

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src import arena as arena_lib
-from jaxmem._src.arena import ArenaStats, HostArena
+from jaxmem._src.native import arena as arena_lib
+from jaxmem._src.native.arena import ArenaStats, HostArena
+from jaxmem._src.plan.host_trace import offload_trace
 
 KiB, MiB = 1 << 10, 1 << 20
 DYNAMIC = ("virtual", "best_fit")
@@ -363,24 +364,24 @@ def test_offload_trace_of_a_plan(mlp_small):
   step, args = mlp_small
   prog = jaxmem.analyze(step, *args)
   plan = jaxmem.plan(step, *args, budget=int(prog.peak_bytes * 0.5))
-  trace = arena_lib.offload_trace(plan)
+  trace = offload_trace(plan)
   assert len(trace) == 2 * plan.num_offload > 0
   allocs = [e for e in trace if len(e) == 3]
   frees = [e for e in trace if len(e) == 2]
   assert sum(e[2] for e in allocs) == plan.offloaded_bytes
   assert sorted(-e[1] for e in frees) == sorted(e[1] for e in allocs)
   assert [e[0] for e in trace] == sorted(e[0] for e in trace)
-  assert arena_lib.offload_trace(plan.schedule()) == trace
+  assert offload_trace(plan.schedule()) == trace
   for mode in arena_lib.MODES:
     s = arena_lib.replay(trace, mode, chunk_bytes=64 * KiB, verify=True)
     assert s.live_allocations == 0 and s.allocs == plan.num_offload
   with pytest.raises(TypeError):
-    arena_lib.offload_trace(42)
+    offload_trace(42)
 
 
 def test_offload_trace_of_an_async_schedule(mlp_small):
   import inspect
-  from jaxmem._src import schedule
+  from jaxmem._src.plan import schedule
   if "copies" not in inspect.signature(schedule.build_schedule).parameters:
     pytest.skip("no windowed (async) copies in this schedule")
   step, args = mlp_small
@@ -388,8 +389,8 @@ def test_offload_trace_of_an_async_schedule(mlp_small):
   plan = jaxmem.plan(step, *args, budget=int(prog.peak_bytes * 0.5))
   sched = schedule.build_schedule(plan.program, plan.decisions, plan.pinned, copies="async",
                                   budget=None)
-  sync = arena_lib.offload_trace(plan.schedule())
-  trace = arena_lib.offload_trace(sched)
+  sync = offload_trace(plan.schedule())
+  trace = offload_trace(sched)
   # Same buffers, each freed exactly once, whatever mix of sync and windowed copies.
   assert sorted(e[2] for e in trace if len(e) == 3) == sorted(e[2] for e in sync if len(e) == 3)
   assert sorted(-e[1] for e in trace if len(e) == 2) == list(range(1, plan.num_offload + 1))

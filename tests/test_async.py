@@ -12,9 +12,9 @@ import pytest
 from _arrays import example_array
 
 import jaxmem
-from jaxmem._src import native
-from jaxmem._src.rewrite import schedule_function
-from jaxmem._src.schedule import StepKind, async_copies, build_schedule
+from jaxmem import native
+from jaxmem._src.lower.ffi import schedule_function
+from jaxmem._src.plan.schedule import StepKind, async_copies, build_schedule
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.uint8, jnp.int32, jnp.bool_]
 ASYNC_KINDS = {StepKind.OFFLOAD_START, StepKind.OFFLOAD_DONE, StepKind.FETCH_START,
@@ -328,7 +328,7 @@ def test_larger_windows_reach_further(mlp_plan):
   assert b.fetch_cover_bytes >= a.fetch_cover_bytes
   total = lambda ws: sum(w.offload_cover_bytes + w.fetch_cover_bytes for w in ws)  # noqa: E731
   assert total(large) > total(small)
-  # An absolute window in bytes (paper 001's schedule-window) works too.
+  # An absolute window in bytes (Hayakawa et al.'s schedule-window) works too.
   nbytes = large[0].nbytes
   absolute = async_copies(sync, window=int(nbytes), budget=None).windows
   assert all(w.window_bytes == nbytes for w in absolute)
@@ -492,7 +492,7 @@ def test_cuda_handlers_compile(tmp_path):
       "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
       "sys.modules['jaxmem._native'] = m\n"
       "import jax, jax.numpy as jnp\n"
-      "from jaxmem._src import native\n"
+      "from jaxmem import native\n"
       "assert native.WITH_CUDA\n"
       "assert {'offload_start', 'offload_done', 'fetch_start', 'fetch_done'} <= "
       "set(m.cuda_registrations())\n"

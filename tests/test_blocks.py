@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src.html_report import html_report
+from jaxmem._src.report.html_page import html_report
 
 L, B, D = 4, 32, 64          # layers, batch, width
 F32 = 4

@@ -17,8 +17,8 @@ import textwrap
 import pytest
 
 from jaxmem.__main__ import main
-from jaxmem._src import cli
-from jaxmem._src.progress import stage
+from jaxmem._src.cli import common as cli
+from jaxmem._src.base.progress import stage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MLP = str(ROOT / "examples" / "mlp.py") + ":build"
@@ -141,8 +141,8 @@ def test_schema_file_is_draft_2020_12():
   schema = _schema()
   assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
   assert schema["properties"]["schema"]["const"] == SCHEMA_NAME
-  from jaxmem._src import report
-  assert report.SCHEMA == SCHEMA_NAME
+  from jaxmem._src.report import json_doc
+  assert json_doc.SCHEMA == SCHEMA_NAME
 
 
 def test_json_matches_schema(mlp_run):
@@ -334,8 +334,8 @@ def test_parse_kw():
   assert cli.parse_kw("s='3'") == ("s", "3")
   assert cli.parse_kw("channels=(8,16)") == ("channels", (8, 16))
   assert cli.parse_kw("path=a=b") == ("path", "a=b")
-  assert cli._budget_arg("0.5") == 0.5 and cli._budget_arg("1000") == 1000
-  assert cli._budget_arg("2e9") == 2_000_000_000 and cli._budget_arg("12GiB") == "12GiB"
+  assert cli.budget_arg("0.5") == 0.5 and cli.budget_arg("1000") == 1000
+  assert cli.budget_arg("2e9") == 2_000_000_000 and cli.budget_arg("12GiB") == "12GiB"
 
 
 def test_stage(capsys):
@@ -366,36 +366,38 @@ def _optional(tmp_path, capsys, flag, suffix, extra=()):
 
 
 def test_html(tmp_path, capsys, user_modules):
-  pytest.importorskip("jaxmem._src.html_report")
   text = _optional(tmp_path, capsys, "--html", ".html", ["--budget", "0.5"]).read_text()
   assert "<html" in text.lower()
 
 
 def test_png(tmp_path, capsys, user_modules):
   pytest.importorskip("matplotlib")
-  pytest.importorskip("jaxmem._src.plot")
   data = _optional(tmp_path, capsys, "--png", ".png").read_bytes()
   assert data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_perfetto(tmp_path, capsys, user_modules):
-  pytest.importorskip("jaxmem._src.perfetto")
   path = _optional(tmp_path, capsys, "--perfetto", ".json", ["--budget", "0.5"])
   json.loads(path.read_text())
 
 
-def test_missing_writer_is_reported_per_flag(tmp_path, capsys, user_modules, monkeypatch):
-  real = cli.importlib.import_module
-
-  def fake_import(name, *a, **k):
-    if name == "jaxmem._src.html_report":
-      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    return real(name, *a, **k)
-  monkeypatch.setattr(cli.importlib, "import_module", fake_import)
+def test_png_without_matplotlib_fails_that_flag_only(tmp_path, capsys, user_modules, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)   # `import matplotlib` raises ImportError
   js = tmp_path / "p.json"
-  rc = main(["report", "factories:ok", "-q", "--html", str(tmp_path / "r.html"),
+  rc = main(["report", "factories:ok", "-q", "--png", str(tmp_path / "r.png"),
              "--json", str(js)])
   out, err = capsys.readouterr()
   assert rc == 1
-  assert "--html is not available" in err and "html_report.py" in err
+  assert "--png" in err and "matplotlib" in err and "wrote" not in err
+  assert not (tmp_path / "r.png").exists()
   assert js.exists() and f"wrote {js}" in out        # the other flags still work
+
+
+def test_unwritable_output_fails_that_flag_only(tmp_path, capsys, user_modules):
+  js = tmp_path / "p.json"
+  bad = tmp_path / "no such dir" / "r.html"
+  rc = main(["report", "factories:ok", "-q", "--html", str(bad), "--json", str(js)])
+  out, err = capsys.readouterr()
+  assert rc == 1
+  assert f"--html {bad}" in err and f"wrote {bad}" not in out
+  assert js.exists() and f"wrote {js}" in out

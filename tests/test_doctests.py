@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["jaxmem._src.cost", "jaxmem._src.simulate", "jaxmem._src.planners.vdnn",
+MODULES = ["jaxmem._src.estimate.cost", "jaxmem._src.plan.simulate", "jaxmem._src.planners.vdnn",
            "jaxmem._src.planners.segments", "jaxmem._src.planners.auto"]
 
 

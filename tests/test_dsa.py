@@ -24,7 +24,7 @@ from jaxmem.__main__ import main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Best-fit (paper 003 §III-C) puts the 6-byte buffer at 0, the 4-byte [1, 6) one on it at 6,
+# Best-fit (SmartPool, Zhang et al. §III-C) puts the 6-byte buffer at 0, the 4-byte [1, 6) one on it at 6,
 # the 4-byte [0, 2) one into the hole [0, 6) and then finds no hole for the 3-byte one: 13.
 # The optimum is the max load, 11 (found by hand and by brute force).
 BF_SUBOPTIMAL = dict(lower=[1, 3, 1, 0], upper=[2, 6, 6, 2], size=[3, 6, 4, 4])
@@ -453,7 +453,7 @@ def test_from_program(mlp_small):
 
 def test_public_api_and_doctests():
   assert jaxmem.dsa.solve is dsa.solve and "dsa" in jaxmem.__all__
-  from jaxmem._src import dsa as impl
+  from jaxmem._src.native import dsa as impl
   for module in (impl, dsa):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and (result.attempted > 0 or module is dsa)

@@ -62,7 +62,7 @@ CASES = {
     "lstm": Case("lstm", dict(batch_size=64, seq_len=4, vocab=64, embed=16, hidden=32, layers=1),
                  0.7, exact=False),
     # nn.RNN is one `scan`: its per-step residuals are stacked inside the loop,
-    # which jaxmem keeps as one block and does not plan inside (DESIGN.md: scanned
+    # which jaxmem keeps as one block and does not plan inside (docs/design.md: scanned
     # layers come after the open issues). Nothing below the unplanned peak is
     # reachable yet, so this checks the scan path runs through `fit` unchanged.
     "lstm_scan": Case("lstm", dict(batch_size=64, seq_len=4, vocab=64, embed=16, hidden=32,

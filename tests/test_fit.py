@@ -184,16 +184,16 @@ def test_a_failing_fit_compiles_each_plan_once(mlp_small, monkeypatch):
   # Half of this MLP's peak is out of reach (parameters, adam state and their
   # updated copies are most of it). `auto`'s fallbacks (greedy, segments) and
   # tighter targets return plans already compiled: each is compiled once.
-  from jaxmem._src import fit as fit_lib
+  from jaxmem._src.api import fit as fit_lib
   step, args = mlp_small
   compiled = []
-  planned_jit = fit_lib.Fitted._planned_jit
+  jit_plan = fit_lib.jit_plan
 
-  def counting(program, plan, donate, options=None):
-    compiled.append((fit_lib._plan_key(plan), repr(sorted((options or {}).items()))))
-    return planned_jit(program, plan, donate, options)
+  def counting(plan, **kwargs):
+    compiled.append((fit_lib._plan_key(plan), repr(sorted((kwargs["compiler_options"] or {}).items()))))
+    return jit_plan(plan, **kwargs)
 
-  monkeypatch.setattr(fit_lib.Fitted, "_planned_jit", staticmethod(counting))
+  monkeypatch.setattr(fit_lib, "jit_plan", counting)
   with pytest.raises(jaxmem.BudgetError):
     jaxmem.fit(0.5)(step)(*args)
   assert compiled and len(set(compiled)) == len(compiled)
@@ -205,7 +205,7 @@ def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   # looser plan (pins and lowering substitutions only) still fits and its
   # simulated step is faster, so it is kept.
   import cnn
-  from jaxmem._src.simulate import simulate
+  from jaxmem._src.plan.simulate import simulate
   step, args = cnn.build(batch_size=32, image_size=8, channels=(8, 8))
   tight = jaxmem.fit(0.6, relax=False)(step).fit_result(*args)
   loose = jaxmem.fit(0.6)(step).fit_result(*args)

@@ -119,7 +119,7 @@ def test_infeasible_lo_raises_budget_error():
 
 
 def test_docstring_example():
-  from jaxmem._src import max_batch as module
+  from jaxmem._src.api import max_batch as module
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0
 

@@ -12,7 +12,7 @@ from _arrays import example_array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxmem._src import native
+from jaxmem import native
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.uint8,
           jnp.int32, jnp.bool_]
@@ -343,7 +343,7 @@ def test_two_threads():
   assert native.store_stats().live_entries == 0
 
 
-# ---------------------------------------------- DESIGN "Why native ops", 3
+# ---------------------------------------------- docs/design.md "Why native ops"
 
 
 def _mlp_params(depth=8, width=256):
@@ -397,7 +397,7 @@ def test_offload_cuts_compiled_temp_with_identical_grads():
   m_staged = c_staged.memory_analysis()
   assert "jaxmem_offload" in c_staged.as_text()
 
-  def total(m):  # DESIGN fact 4: outputs may share the temp arena.
+  def total(m):  # docs/design.md, "Verify": outputs may share the temp arena.
     return (m.argument_size_in_bytes + m.output_size_in_bytes +
             m.temp_size_in_bytes - m.alias_size_in_bytes)
 

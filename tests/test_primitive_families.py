@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src import xla_model
+from jaxmem._src.estimate import xla_model
+from jaxmem._src.ir import primitives
 
 
 def _mlp_loss(w, x):
@@ -61,12 +62,13 @@ def test_family_forward_and_grad(name):
 
 
 def test_unknown_primitive_uses_default_rule_and_warns_once():
-  xla_model._WARNED.discard("definitely_not_a_primitive")
-  with pytest.warns(UserWarning, match="no fusion rule for primitive `definitely_not_a_primitive`"):
-    assert xla_model.fusion_kind("definitely_not_a_primitive") is xla_model.Fusion.MATERIALIZED
+  primitives._warn_unknown.cache_clear()
+  with pytest.warns(UserWarning, match="no facts registered for primitive `definitely_not_a_primitive`"):
+    facts = primitives.facts("definitely_not_a_primitive")
+  assert facts.fusion is primitives.Fusion.MATERIALIZED and not facts.known
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    assert xla_model.fusion_kind("definitely_not_a_primitive") is xla_model.Fusion.MATERIALIZED
+    assert primitives.facts("definitely_not_a_primitive").fusion is primitives.Fusion.MATERIALIZED
 
 
 def test_cpu_conv_layout_copies_are_charged():

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxmem
-from jaxmem._src.plan import Action, Decision
-from jaxmem._src.planners.greedy import _State, find_chain
-from jaxmem._src.rewrite import schedule_function
-from jaxmem._src.schedule import build_schedule
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.planners.chains import ChainState, find_chain
+from jaxmem._src.lower.ffi import schedule_function
+from jaxmem._src.plan.schedule import build_schedule
 
 EXAMPLES = int(os.environ.get("JAXMEM_EXAMPLES", "12"))
 
@@ -94,7 +94,7 @@ def test_random_decisions_keep_values(spec, data):
   want = jax.jit(step)(*args)
 
   def decisions(prog):
-    state = _State(prog)
+    state = ChainState(prog)
     out = []
     cands = [v for v in prog.vars if not v.is_input and not v.is_output and v.uses
              and v.nbytes > 0]

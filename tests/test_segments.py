@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src.plan import Action, Decision
-from jaxmem._src.schedule import StepKind, build_schedule
-
-segments_mod = importlib.import_module("jaxmem._src.planners.segments")
-common = importlib.import_module("jaxmem._src.planners.common")
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.schedule import StepKind, build_schedule
+from jaxmem._src.planners import auto as auto_mod
+from jaxmem._src.planners import common
+from jaxmem._src.planners import segments as segments_mod
+from jaxmem._src.planners.auto import AutoDiagnostics
 
 
 def chain_loss(w, x, depth=6):
@@ -122,19 +121,18 @@ def resnet18():
 
 
 def test_auto_is_the_fastest_fitting_plan(resnet18):
-  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
   budget = int(0.7 * resnet18.peak_bytes)
   plan = jaxmem.get_planner("auto")(resnet18, budget, "k40")
   assert plan.estimated_peak_bytes <= budget and plan.planner.startswith("auto(")
-  fastest = min(t for _, peak, t, _ in auto_mod.LAST.rows if peak <= budget)
+  rows = plan.diagnostic(AutoDiagnostics).rows
+  fastest = min(t for _, peak, t, _ in rows if peak <= budget)
   assert jaxmem.simulate(plan, "k40").step_time_s == pytest.approx(fastest)
-  assert len(auto_mod.LAST.rows) >= 2
+  assert len(rows) >= 2
 
 
 @pytest.mark.parametrize("frac", [0.7, 0.65])
 def test_the_offload_bound_is_a_lower_bound(resnet18, frac):
   """The bound `auto` skips offload-only planners on is below their simulated overhead."""
-  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
   budget = int(frac * resnet18.peak_bytes)
   bound = auto_mod.offload_overhead_bound(resnet18, budget, "h100-pcie")
   assert bound > 0.1
@@ -148,9 +146,9 @@ def test_auto_skips_offloading_that_cannot_win():
   """ResNet-50 at half its peak on an H100: copying the activations over PCIe
   takes longer than recomputing them, so the offload-only planners are not run."""
   import resnet
-  auto_mod = importlib.import_module("jaxmem._src.planners.auto")
   step, args = resnet.build(batch_size=32, depth=50, image_size=224, abstract=True)
   prog = jaxmem.analyze(step, *args)
   plan = jaxmem.get_planner("auto")(prog, prog.peak_bytes // 2, "h100-pcie")
   assert plan.estimated_peak_bytes <= prog.peak_bytes // 2
-  assert {name for name, _ in auto_mod.LAST.skipped} == set(auto_mod.OFFLOAD_ONLY)
+  skipped = plan.diagnostic(AutoDiagnostics).skipped
+  assert {name for name, _ in skipped} == set(auto_mod.OFFLOAD_ONLY)

@@ -17,7 +17,8 @@ import textwrap
 import jax.numpy as jnp
 
 import jaxmem
-from jaxmem._src import _compat, sharding
+from jaxmem._src import _compat
+from jaxmem._src.ir import sharding
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 

@@ -1,17 +1,14 @@
-"""`jaxmem.simulate`: compute and copy streams, stalls, overhead (paper 003 §IV-E)."""
+"""`jaxmem.simulate`: compute and copy streams, stalls, overhead (AutoSwap, Zhang et al. §IV-E)."""
 
 from __future__ import annotations
-
-import importlib
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jaxmem
-from jaxmem._src.schedule import StepKind, build_schedule
-
-greedy = importlib.import_module("jaxmem._src.planners.greedy").greedy
+from jaxmem._src.plan.schedule import StepKind, build_schedule
+from jaxmem._src.planners.greedy import greedy
 
 SLOW_LINK = jaxmem.DeviceProfile("slow-link", 1e12, 1e9, 1e12, 1e11, 1e11, None, 0.0, True, "test")
 SHARED_ENGINE = jaxmem.DeviceProfile("one-engine", 1e12, 1e9, 1e12, 1e11, 1e11, None, 0.0, False,

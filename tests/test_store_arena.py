@@ -1,6 +1,6 @@
 """The host store on its arenas: store_configure, $JAXMEM_HOST_ARENA, arena stats.
 
-The offload/fetch custom calls keep their bytes in a host arena (paper 001 §4:
+The offload/fetch custom calls keep their bytes in a host arena (Hayakawa et al. §4:
 "best_fit" caching, "virtual" chunks; plus the original "heap" cache). Every
 mode must give the same results as plain ``jax.jit`` and leave nothing behind.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src import native
+from jaxmem import native
 
 MODES = ("best_fit", "virtual", "heap")
 KiB = 1 << 10
@@ -193,7 +193,7 @@ def test_virtual_footprint_is_chunk_rounded():
   for x, h in zip(xs, hs):
     _assert_bit_equal(native.fetch(h, x, shape=x.shape, dtype=x.dtype), x)
   s = native.store_stats()
-  # Freed chunks stay in the pool (paper 001 §4) and serve any later size.
+  # Freed chunks stay in the pool (Hayakawa et al. §4) and serve any later size.
   assert s.footprint_bytes == sum(chunks) * chunk and s.cached_bytes == s.footprint_bytes
   y = jnp.zeros((sum(chunks) * chunk,), jnp.uint8)      # all chunks as one range
   _assert_bit_equal(native.fetch(native.offload(y), y, shape=y.shape, dtype=y.dtype), y)
@@ -265,7 +265,7 @@ def _run(env_value, code):
 def test_env_var_is_read_at_first_use():
   code = (
       "import jax.numpy as jnp\n"
-      "from jaxmem._src import native\n"
+      "from jaxmem import native\n"
       "c = native.store_config()\n"
       "assert (c['mode'], c['chunk_bytes'], c['source']) == ('virtual', 65536, 'env'), c\n"
       "x = jnp.arange(5000, dtype=jnp.float32)\n"
@@ -283,7 +283,7 @@ def test_env_var_is_read_at_first_use():
 def test_bad_env_var_fails_offloads_clearly_until_configured():
   code = (
       "import jax, jax.numpy as jnp\n"
-      "from jaxmem._src import native\n"
+      "from jaxmem import native\n"
       "assert 'JAXMEM_HOST_ARENA' in native.store_config()['error']\n"
       "assert native.store_stats().mode == 'invalid'\n"
       "x = jnp.ones(8)\n"

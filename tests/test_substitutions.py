@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem._src import substitutions
-from jaxmem._src.rewrite import schedule_function
+from jaxmem._src.ir import substitutions
+from jaxmem._src.lower.ffi import schedule_function
 
 
 def _rewritten_grad(f, x):

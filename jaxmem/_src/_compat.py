@@ -10,6 +10,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 from typing import Any, Iterator
 
 import numpy as np
@@ -25,8 +26,16 @@ ClosedJaxpr = jex.core.ClosedJaxpr
 Jaxpr = jex.core.Jaxpr
 JaxprEqn = jex.core.JaxprEqn
 DropVar = jex.core.DropVar
+#: An equation operand: a variable or an inline literal.
+Atom = Var | Literal
+#: JAX's name stack of an equation (``transpose(jvp(MLP))/Dense_0``).
+NameStack = _siu.NameStack
+#: The abstract value of a variable (``ShapedArray``: shape, dtype; tokens, refs).
+AbstractValue = _core.AbstractValue
+#: The structure of a pytree.
+PyTreeDef = jax.tree_util.PyTreeDef
 
-# Call-like primitives whose body is inlined into the flat program (DESIGN.md,
+# Call-like primitives whose body is inlined into the flat program (``docs/design.md``,
 # "Program"). Maps primitive name -> params key of the body jaxpr.
 INLINE_BODIES: dict[str, str] = {
     "jit": "jaxpr",
@@ -88,6 +97,16 @@ def join_name_stacks(outer: Any, inner: Any) -> Any:
 
 def empty_name_stack() -> Any:
   return _siu.NameStack()
+
+
+_TRANSFORM = re.compile(r"[A-Za-z_]+\(")
+
+
+@functools.lru_cache(maxsize=8192)
+def module_path(name_stack: str) -> str:
+  """``'transpose(jvp(MLP))/Dense_0'`` -> ``'MLP/Dense_0'``: the name stack without transformations."""
+  path = _TRANSFORM.sub("", name_stack).replace(")", "")
+  return "/".join(p for p in path.split("/") if p)
 
 
 def user_frame(eqn: JaxprEqn) -> tuple[str, int, str] | None:

@@ -12,12 +12,28 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
-from jaxmem._src import cost
-from jaxmem._src.plan import Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike, device_profile
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
+from jaxmem._src.plan.simulate import program_time, simulate
+from jaxmem._src.planners import common
+from jaxmem._src.planners.autoswap import autoswap
+from jaxmem._src.planners.greedy import greedy
+from jaxmem._src.planners.layrub import layrub
+from jaxmem._src.planners.optimal import MILPDiagnostics, optimal
+from jaxmem._src.planners.segments import segments
+from jaxmem._src.planners.vdnn import vdnn
+from jaxmem._src.planners.window import window_planner
 
-FAST = ("segments", "greedy", "vdnn", "layrub", "autoswap", "window")
+#: The fast planners ``auto`` compares, by name, in the order they run.
+CANDIDATES: Mapping[str, Callable[..., Plan]] = MappingProxyType({
+    "segments": segments, "greedy": greedy, "vdnn": vdnn, "layrub": layrub,
+    "autoswap": autoswap, "window": window_planner})
+FAST = tuple(CANDIDATES)
 # Planners that only offload: each byte they free crosses the host link twice.
 OFFLOAD_ONLY = frozenset({"vdnn", "layrub", "autoswap", "window"})
 # The MILP joins on programs up to this many ops (beyond, it rarely proves
@@ -25,18 +41,24 @@ OFFLOAD_ONLY = frozenset({"vdnn", "layrub", "autoswap", "window"})
 MILP_MAX_OPS = 1500
 
 
-@dataclasses.dataclass
-class AutoTrace:
-  """What the last :func:`auto` call compared (for benchmarks and reports)."""
-  rows: list[tuple[str, int, float, float]] = dataclasses.field(default_factory=list)
+@dataclasses.dataclass(frozen=True)
+class AutoDiagnostics:
+  """What an :func:`auto` call compared (on its plan's ``diagnostics``).
+
+  Attributes:
+    rows: ``(planner, estimated peak bytes, simulated step seconds, decisions)``
+      per plan considered, in order; the time is infinite for a plan over the
+      budget.
+    chosen: the name of the plan returned.
+    skipped: ``(planner, why)`` of the offload-only planners not run.
+  """
+  rows: tuple[tuple[str, int, float, int], ...] = ()
   chosen: str = ""
-  skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+  skipped: tuple[tuple[str, str], ...] = ()
 
 
-LAST = AutoTrace()
-
-
-def offload_overhead_bound(program: Any, budget_bytes: int, device: Any) -> float:
+def offload_overhead_bound(program: AnalyzedProgram, budget_bytes: int,
+                           device: DeviceLike) -> float:
   """A lower bound of the overhead of any plan that reaches ``budget_bytes`` by offloading only.
 
   At the estimated peak (with the pins every offload planner applies) at least
@@ -45,9 +67,7 @@ def offload_overhead_bound(program: Any, budget_bytes: int, device: Any) -> floa
   least as long as copying them one way (both ways on a device with one copy
   engine).
   """
-  from jaxmem._src.planners import common
-  from jaxmem._src.simulate import program_time
-  dev = cost.device_profile(device)
+  dev = device_profile(device)
   # From the peak with Layrub's pins, which every offload planner applies and
   # which free bytes without a copy.
   pinned_peak = common.finish(program, (), budget_bytes, "pins").estimated_peak_bytes
@@ -59,8 +79,8 @@ def offload_overhead_bound(program: Any, budget_bytes: int, device: Any) -> floa
   return max(0.0, copy_s / base - 1.0)
 
 
-def auto(program: Any, budget_bytes: int, device: Any = None, *, copies: str = "sync",
-         window: int | float | None = None, planners: tuple[str, ...] = FAST,
+def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+         copies: CopyMode = "sync", window: Window = None, planners: tuple[str, ...] = FAST,
          milp_time_s: float = 2.0, bo_iterations: int = 2) -> Plan:
   """The fastest plan (simulated on ``device``) among the planners that fit ``budget_bytes``.
 
@@ -81,7 +101,8 @@ def auto(program: Any, budget_bytes: int, device: Any = None, *, copies: str = "
     bo_iterations: AutoSwap's Bayesian-optimisation steps after its four seeds.
 
   Returns:
-    A :class:`jaxmem.Plan` named ``auto(<winner>)``.
+    A :class:`jaxmem.Plan` named ``auto(<winner>)``, with the winner's
+    diagnostics and an :class:`AutoDiagnostics` of the comparison.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
@@ -94,43 +115,47 @@ def auto(program: Any, budget_bytes: int, device: Any = None, *, copies: str = "
     >>> plan.estimated_peak_bytes <= 0.8 * prog.peak_bytes
     True
   """
-  from jaxmem._src.planners import PLANNERS
-  from jaxmem._src.planners.optimal import LAST as MILP, optimal
-  from jaxmem._src.simulate import simulate
-
-  LAST.rows.clear()
-  LAST.skipped.clear()
+  unknown = sorted(set(planners) - set(CANDIDATES))
+  if unknown:
+    raise ValueError(f"`planners` of `auto` must be names among {sorted(CANDIDATES)}, "
+                     f"got {unknown}.")
   bound = offload_overhead_bound(program, budget_bytes, device)
   best: tuple[float, Plan] | None = None
+  rows: list[tuple[str, int, float, int]] = []
+  skipped: list[tuple[str, str]] = []
 
   def consider(plan: Plan) -> None:
     nonlocal best
     fits = plan.estimated_peak_bytes <= budget_bytes
     sim = simulate(plan, device) if fits else None
     t = sim.step_time_s if sim else float("inf")
-    LAST.rows.append((plan.planner, plan.estimated_peak_bytes, t, len(plan.decisions)))
+    rows.append((plan.planner, plan.estimated_peak_bytes, t, len(plan.decisions)))
     if best is None or t < best[0] or (t == best[0] == float("inf") and
                                        plan.estimated_peak_bytes < best[1].estimated_peak_bytes):
       best = (t, plan)
 
-  from jaxmem._src.simulate import program_time
   base = program_time(program, device)
   for name in planners:
     if name in OFFLOAD_ONLY and best is not None and best[0] < float("inf"):
       if base > 0 and best[0] / base - 1.0 <= bound:
-        LAST.skipped.append((name, f"offload bound +{bound:.0%} >= best "
-                                   f"+{best[0] / base - 1.0:.0%}"))
+        skipped.append((name, f"offload bound +{bound:.0%} >= best "
+                              f"+{best[0] / base - 1.0:.0%}"))
         continue
-    kwargs: dict[str, Any] = {"copies": copies, "window": window}
     if name == "autoswap":
-      kwargs["bo_iterations"] = bo_iterations
-    consider(PLANNERS[name](program, budget_bytes, device, **kwargs))
+      plan = autoswap(program, budget_bytes, device, copies=copies, window=window,
+                      bo_iterations=bo_iterations)
+    else:
+      plan = CANDIDATES[name](program, budget_bytes, device, copies=copies, window=window)
+    consider(plan)
   if milp_time_s > 0 and program.num_ops <= MILP_MAX_OPS:
     t = time.perf_counter()
     plan = optimal(program, budget_bytes, device, time_limit_s=milp_time_s, copies=copies,
                    window=window)
-    if MILP.proven and time.perf_counter() - t <= milp_time_s * 1.5:
+    milp = plan.diagnostic(MILPDiagnostics)
+    if milp is not None and milp.proven and time.perf_counter() - t <= milp_time_s * 1.5:
       consider(plan)
   assert best is not None
-  LAST.chosen = best[1].planner
-  return dataclasses.replace(best[1], planner=f"auto({best[1].planner})")
+  chosen = best[1]
+  report = AutoDiagnostics(tuple(rows), chosen.planner, tuple(skipped))
+  return dataclasses.replace(chosen, planner=f"auto({chosen.planner})",
+                             diagnostics=(*chosen.diagnostics, report))

@@ -1,4 +1,7 @@
-"""AutoSwap (paper 003, Zhang et al., SmartPool paper §IV): priority-scored swapping.
+"""AutoSwap (Zhang et al. §IV): priority-scored swapping.
+
+Zhang et al., *Efficient Memory Management for GPU-based Deep Learning
+Systems* (SmartPool and AutoSwap).
 
 * §IV-A candidates: variables at least 1 MB large whose idle gap between two
   consecutive accesses ``(t_i, t_{i+1})`` spans the peak time of the
@@ -26,29 +29,37 @@ acquisition function.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
-from jaxmem._src.plan import Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
+from jaxmem._src.plan.simulate import op_start_times, simulate
 from jaxmem._src.planners import common
 
 SCORES = ("aoa", "doa", "wdoa", "swdoa")
 MB = 1 << 20
 
 
-@dataclasses.dataclass
-class AutoSwapTrace:
-  """What the last :func:`autoswap` call evaluated (for benchmarks)."""
-  weights: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
-  overheads: list[float] = dataclasses.field(default_factory=list)
+@dataclasses.dataclass(frozen=True)
+class AutoSwapDiagnostics:
+  """What an :func:`autoswap` call evaluated (on its plan's ``diagnostics``).
+
+  Attributes:
+    weights: the score weights ``(a, b, c, d)`` tried, in order (the four
+      single scores first, then the Bayesian optimisation's points).
+    overheads: the simulated overhead of each (plus 1e3 where the selection
+      did not fit the budget).
+    best: the weights of the plan returned.
+  """
+  weights: tuple[tuple[float, ...], ...] = ()
+  overheads: tuple[float, ...] = ()
   best: tuple[float, ...] = ()
 
 
-LAST = AutoSwapTrace()
-
-
-def _scores(program: Any, gaps: list[common.Gap], times: np.ndarray, load: np.ndarray,
+def _scores(gaps: list[common.Gap], times: np.ndarray, load: np.ndarray,
             copy_s: np.ndarray) -> dict[str, np.ndarray]:
   """The four priority scores of §IV-B, one entry per candidate gap."""
   size = np.array([g.nbytes for g in gaps], dtype=float)
@@ -81,10 +92,10 @@ def _standardise(x: np.ndarray) -> np.ndarray:
   return (x - x.mean()) / s if s > 0 else np.zeros_like(x)
 
 
-def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str = "bo",
-             bo_iterations: int = 12, copies: str = "async", window: int | float | None = None,
-             min_bytes: int | None = None, seed: int = 0) -> Plan:
-  """AutoSwap's plan (paper 003 §IV).
+def autoswap(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+             copies: CopyMode = "async", window: Window = None, score: str = "bo",
+             bo_iterations: int = 12, min_bytes: int | None = None, seed: int = 0) -> Plan:
+  """AutoSwap's plan (Zhang et al. §IV).
 
   Args:
     program: a :class:`jaxmem.Program`.
@@ -99,10 +110,9 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
     seed: random seed of the Bayesian optimisation.
 
   Returns:
-    A :class:`jaxmem.Plan` named ``autoswap-<score>``.
+    A :class:`jaxmem.Plan` named ``autoswap-<score>``; with ``score="bo"`` its
+    diagnostics hold an :class:`AutoSwapDiagnostics`.
   """
-  from jaxmem._src.simulate import simulate
-
   if score not in (*SCORES, "bo"):
     raise ValueError(f"`score` must be one of {(*SCORES, 'bo')}, got {score!r}.")
   peak = program.profile.peak_bytes
@@ -111,7 +121,7 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
   if window is None and copies == "async":
     window = common.device_window(device)
   pricer = common.Pricer(program, device)
-  pinned = common.base_pins(program)
+  pinned = common.pins(program)
   load, base_peak = common.position_profile(program, (), pinned)
   name = f"autoswap-{score}"
   if base_peak <= budget_bytes:
@@ -129,9 +139,9 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
   decisions = [decisions[i] for i in keep]
   if not gaps:
     return common.finish(program, (), budget_bytes, name, pinned, copies=copies, window=window)
-  times = common.op_times(program, device)
+  times = op_start_times(program, device)
   copy_s = np.array([pricer.copy_seconds(g.nbytes) for g in gaps])
-  raw = _scores(program, gaps, times, load, copy_s)
+  raw = _scores(gaps, times, load, copy_s)
   z = np.stack([_standardise(raw[k]) for k in SCORES], axis=1)
 
   cache: dict[tuple[int, ...], tuple[float, Plan]] = {}
@@ -169,8 +179,6 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
       cache[key] = (simulate(plan, device).overhead + (1e3 if over else 0.0), plan)
     return cache[key]
 
-  LAST.weights.clear()
-  LAST.overheads.clear()
   seeds = np.eye(4)
   if score != "bo":
     return select(seeds[SCORES.index(score)])[1]
@@ -181,8 +189,6 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
     y, plan = select(w)
     xs.append(w)
     ys.append(y)
-    LAST.weights.append(tuple(w))
-    LAST.overheads.append(y)
     if y < best[0]:
       best = (y, plan)
   rng = np.random.default_rng(seed)
@@ -191,12 +197,12 @@ def autoswap(program: Any, budget_bytes: int, device: Any = None, *, score: str 
     y, plan = select(w)
     xs.append(w)
     ys.append(y)
-    LAST.weights.append(tuple(float(v) for v in w))
-    LAST.overheads.append(y)
     if y < best[0]:
       best = (y, plan)
-  LAST.best = tuple(float(v) for v in xs[int(np.argmin(ys))])
-  return dataclasses.replace(best[1], planner=name)
+  diagnostics = AutoSwapDiagnostics(
+      weights=tuple(tuple(float(v) for v in w) for w in xs), overheads=tuple(ys),
+      best=tuple(float(v) for v in xs[int(np.argmin(ys))]))
+  return dataclasses.replace(best[1], planner=name, diagnostics=(diagnostics,))
 
 
 def _next_point(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

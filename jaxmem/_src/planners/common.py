@@ -4,23 +4,30 @@ A *gap* of a variable is the stretch between two consecutive events (its
 definition, its uses) during which nothing reads it: the only stretch a keep /
 remat / offload decision can free. The planners differ in which gaps they pick
 and how; they all turn picks into :class:`~jaxmem._src.plan.Decision` objects
-here, price them with :mod:`jaxmem._src.cost`, and finish with the same
-schedule estimate, so their plans compare like for like.
+here, price them with the simulator's op times
+(:mod:`jaxmem._src.plan.simulate`), and finish with the same schedule
+estimate, so their plans compare like for like.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxmem._src import _compat, cost
-from jaxmem._src.plan import Action, Decision, Plan
-from jaxmem._src.schedule import StepKind, build_schedule
-from jaxmem._src.trace import Phase, Role
+from jaxmem._src import _compat
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike, device_profile
+from jaxmem._src.ir import primitives
+from jaxmem._src.ir.primitives import Fusion
+from jaxmem._src.ir.program import Phase, Role
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, StepKind, Window, build_schedule
+from jaxmem._src.planners.chains import ChainState, find_chain
 
-CANDIDATE_ROLES = {Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT}
+CANDIDATE_ROLES = frozenset({Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +53,14 @@ class Gap:
     return self.end - self.start
 
 
-def candidate_vars(program: Any, min_bytes: int = 1) -> list[int]:
+def candidate_vars(program: AnalyzedProgram, min_bytes: int = 1) -> list[int]:
   """Values a plan may drop: activations, gradients and temporaries, not arguments or results."""
   return [v.id for v in program.vars
           if v.role in CANDIDATE_ROLES and not v.is_input and not v.is_output
           and v.nbytes >= min_bytes and v.uses]
 
 
-def gaps_of(program: Any, vid: int) -> list[Gap]:
+def gaps_of(program: AnalyzedProgram, vid: int) -> list[Gap]:
   """Every gap of ``vid`` at least two positions long (something runs inside it)."""
   v = program.vars[vid]
   events = sorted({v.defined_by, *v.uses})
@@ -67,12 +74,12 @@ def gaps_of(program: Any, vid: int) -> list[Gap]:
   return out
 
 
-def candidate_gaps(program: Any, min_bytes: int = 1) -> list[Gap]:
+def candidate_gaps(program: AnalyzedProgram, min_bytes: int = 1) -> list[Gap]:
   """All gaps of all candidate values."""
   return [g for vid in candidate_vars(program, min_bytes) for g in gaps_of(program, vid)]
 
 
-def frees_over_gap(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> bool:
+def frees_over_gap(program: AnalyzedProgram, gap: Gap, pinned: Sequence[int] = ()) -> bool:
   """Does dropping ``gap.var`` over the gap free its bytes in the compiled program?
 
   Not when a consumer XLA fuses away (a cheap or single-use elementwise op)
@@ -101,7 +108,7 @@ def frees_over_gap(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> bool:
   return True
 
 
-def freed_bytes(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> int:
+def freed_bytes(program: AnalyzedProgram, gap: Gap, pinned: Sequence[int] = ()) -> int:
   """Bytes the estimate frees inside ``gap`` when ``gap.var`` is dropped over it.
 
   A stored value frees its own bytes. A value XLA fuses away stores nothing,
@@ -130,28 +137,27 @@ def freed_bytes(program: Any, gap: Gap, pinned: Sequence[int] = ()) -> int:
   return freed
 
 
-def recompute_chain(program: Any, vid: int, pos: int, max_ops: int = 8) -> tuple[int, ...] | None:
+def recompute_chain(program: AnalyzedProgram, vid: int, pos: int,
+                    max_ops: int = 8) -> tuple[int, ...] | None:
   """Ops that rebuild ``vid`` just before ``pos`` from values still live there (no other plan)."""
-  from jaxmem._src.planners.greedy import _State, find_chain
-  return find_chain(_State(program), vid, pos, max_ops)
+  return find_chain(ChainState(program), vid, pos, max_ops)
 
 
-def chain_inputs(program: Any, chain: Sequence[int]) -> set[int]:
+def chain_inputs(program: AnalyzedProgram, chain: Sequence[int]) -> set[int]:
   """Values a recompute chain reads that it does not make itself."""
   made = {o for k in chain for o in program.ops[k].outputs}
   return {x for k in chain for x in program.ops[k].input_ids() if x not in made}
 
 
 class Pricer:
-  """Extra step time of a decision on a device (:mod:`jaxmem._src.cost`), cached per op."""
+  """Extra step time of a decision on a device, from the simulator's per-op times."""
 
-  def __init__(self, program: Any, device: Any):
-    from jaxmem._src.simulate import op_seconds
+  def __init__(self, program: AnalyzedProgram, device: DeviceLike):
     self.program = program
-    self.device = cost.device_profile(device)
-    # The simulator's per-op times (fused ops cost their arithmetic only),
-    # cached on the program: planners and the simulator price alike.
-    self._op_s = op_seconds(program, self.device)
+    self.device = device_profile(device)
+    # The simulator's per-op times (fused ops cost their arithmetic only):
+    # planners and the simulator price alike.
+    self._op_s = program.op_seconds(self.device)
 
   def op_seconds(self, k: int) -> float:
     return float(self._op_s[k])
@@ -172,7 +178,8 @@ class Pricer:
     return 2.0 * self.copy_seconds(nbytes)
 
 
-def remat_decision(program: Any, gap: Gap, pricer: Pricer, max_ops: int = 8) -> Decision | None:
+def remat_decision(program: AnalyzedProgram, gap: Gap, pricer: Pricer,
+                   max_ops: int = 8) -> Decision | None:
   chain = recompute_chain(program, gap.var, gap.end, max_ops)
   if not chain:
     return None
@@ -180,19 +187,36 @@ def remat_decision(program: Any, gap: Gap, pricer: Pricer, max_ops: int = 8) -> 
                   pricer.remat_seconds(chain))
 
 
-def offload_decision(program: Any, gap: Gap, pricer: Pricer) -> Decision | None:
+def offload_decision(program: AnalyzedProgram, gap: Gap, pricer: Pricer) -> Decision | None:
   if not _compat.is_plain_array_aval(program.vars[gap.var].aval):
     return None
   return Decision(gap.var, Action.OFFLOAD, gap.start, gap.end, (), gap.nbytes,
                   pricer.offload_seconds(gap.nbytes))
 
 
-def base_pins(program: Any) -> tuple[int, ...]:
-  from jaxmem._src.planners.greedy import pins
-  return pins(program)
+def pins(program: AnalyzedProgram) -> tuple[int, ...]:
+  """Activations to materialize right after their definition (Layrub §4.2's memory-efficient ReLU).
+
+  XLA would fuse a cheap producer into the backward consumer and keep the
+  producer's inputs alive instead; pinning pays when the value is at most half
+  the size of those inputs (a 1-byte ReLU mask of a 4-byte float). Values XLA
+  stores anyway (:attr:`~jaxmem._src.ir.primitives.Fusion.MATERIALIZED`
+  producers: matmuls, convolutions, custom calls, control flow) gain nothing
+  from a pin.
+  """
+  out = []
+  for v in program.vars:
+    if (v.role is not Role.ACTIVATION
+        or primitives.facts(program.ops[v.defined_by].primitive).fusion is Fusion.MATERIALIZED):
+      continue
+    ins = [program.vars[x] for x in program.ops[v.defined_by].input_ids()]
+    source_bytes = sum(x.nbytes for x in ins if not x.is_input)
+    if 2 * v.nbytes <= source_bytes:
+      out.append(v.id)
+  return tuple(out)
 
 
-def position_profile(program: Any, decisions: Sequence[Decision] = (),
+def position_profile(program: AnalyzedProgram, decisions: Sequence[Decision] = (),
                      pinned: Sequence[int] = ()) -> tuple[np.ndarray, int]:
   """Estimated live bytes just at each op position (compute steps only), and the peak."""
   schedule = build_schedule(program, tuple(decisions), tuple(pinned))
@@ -204,27 +228,25 @@ def position_profile(program: Any, decisions: Sequence[Decision] = (),
   return out, prof.peak_bytes
 
 
-def finish(program: Any, decisions: Iterable[Decision], budget_bytes: int, name: str,
-           pinned: Sequence[int] | None = None, *, copies: str = "sync",
-           window: int | float | None = None) -> Plan:
+def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes: int, name: str,
+           pinned: Sequence[int] | None = None, *, copies: CopyMode = "sync",
+           window: Window = None) -> Plan:
   """The plan of ``decisions`` with its estimated peak (same estimator for every planner)."""
   decisions = tuple(decisions)
-  pinned = base_pins(program) if pinned is None else tuple(pinned)
+  pinned = pins(program) if pinned is None else tuple(pinned)
   plan = Plan(program, decisions, int(budget_bytes), 0, program.profile.peak_bytes, name, pinned,
               copies, window)
   peak = plan.schedule().profile().peak_bytes
   return dataclasses.replace(plan, estimated_peak_bytes=peak)
 
 
-HEAVY = frozenset({"dot_general", "conv_general_dilated"})
-
-
-def forward_heavy_ops(program: Any) -> list[int]:
+def forward_heavy_ops(program: AnalyzedProgram) -> list[int]:
   """Forward matmuls and convolutions: the "layers" of vDNN and Layrub (one heavy op each)."""
-  return [op.index for op in program.ops if op.primitive in HEAVY and op.phase is Phase.FORWARD]
+  return [op.index for op in program.ops
+          if primitives.facts(op.primitive).matrix_unit and op.phase is Phase.FORWARD]
 
 
-def residual_gaps(program: Any, min_bytes: int = 1) -> list[Gap]:
+def residual_gaps(program: AnalyzedProgram, min_bytes: int = 1) -> list[Gap]:
   """The gap of every value saved for the backward pass: last forward use to first backward use."""
   out = []
   for vid in candidate_vars(program, min_bytes):
@@ -235,21 +257,14 @@ def residual_gaps(program: Any, min_bytes: int = 1) -> list[Gap]:
   return out
 
 
-def device_window(device: Any) -> float:
+def device_window(device: DeviceLike) -> float:
   """A window (a multiple of the bytes copied) that covers a copy's time with computation.
 
   ``async_copies`` counts a window in bytes computed; on a device that
   computes ``M`` bytes/s and copies ``B`` bytes/s, covering a copy of ``N``
   bytes takes about ``N * M / B`` bytes of memory-bound computation.
   """
-  dev = cost.device_profile(device)
+  dev = device_profile(device)
   if not dev.memory_bytes_per_s:
     return 1.0
   return max(1.0, dev.memory_bytes_per_s / dev.host_bytes_per_s)
-
-
-def op_times(program: Any, device: Any) -> np.ndarray:
-  """Start time of every op (and the end, last entry) when nothing stalls, on ``device``."""
-  from jaxmem._src.simulate import op_seconds
-  dt = op_seconds(program, device)
-  return np.concatenate([[0.0], np.cumsum(dt)])

@@ -1,4 +1,7 @@
-"""Layrub (paper 002, Jin et al.): layer-centric migration, intra-layer reuse, memory-efficient ReLU.
+"""Layrub (Jin et al.): layer-centric migration, intra-layer reuse, memory-efficient ReLU.
+
+Jin et al., *Layer-Centric Memory Reuse and Data Migration for Extreme-Scale
+Deep Learning on Many-Core Architectures*.
 
 §3.3 / §4.1 (inter-layer migration, Algorithm 1): every layer's activation
 data has a reference count of the forward layers that still read it; when it
@@ -21,14 +24,15 @@ variant the paper's policy implies for a memory limit.
 
 from __future__ import annotations
 
-from typing import Any
-
-from jaxmem._src.plan import Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
 
 
-def layrub(program: Any, budget_bytes: int, device: Any = None, *, budgeted: bool = True,
-           copies: str = "async", window: int | float | None = None,
+def layrub(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+           copies: CopyMode = "async", window: Window = None, budgeted: bool = True,
            min_bytes: int | None = None) -> Plan:
   """Layrub's migration plan.
 

@@ -14,7 +14,7 @@ Constraints:
   ``r_g + r_h + o_h <= 1``.
 
 Objective: minimise the extra step time, ``sum cost_r(g) r_g + cost_o(g) o_g``
-priced by :mod:`jaxmem._src.cost` on the planning device.
+priced by :mod:`jaxmem._src.estimate.cost` on the planning device.
 
 Size: one memory row per position above the budget and two columns per gap,
 so the model grows linearly with the program (no per-layer replication is
@@ -25,17 +25,32 @@ estimate and the budget tightened by the overshoot for a few rounds.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-from jaxmem._src.plan import Action, Decision, Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
+from jaxmem._src.planners.segments import Segment, find_segments
 
 
-class MILPResult:
-  """Solver status of the last :func:`optimal` call (for benchmarks)."""
+@dataclasses.dataclass(frozen=True)
+class MILPDiagnostics:
+  """The solver's account of an :func:`optimal` call (on its plan's ``diagnostics``).
+
+  Attributes:
+    status: HiGHS's last message (or why nothing was solved).
+    seconds: wall time of the whole call.
+    rounds: solves run (each with a target tightened by the estimate's overshoot).
+    objective_s: the extra step time of the last solution, as the model prices it.
+    proven: the last solve finished with a proven optimum.
+  """
   status: str = ""
   seconds: float = 0.0
   rounds: int = 0
@@ -43,17 +58,16 @@ class MILPResult:
   proven: bool = False
 
 
-LAST = MILPResult()
 # Segment columns are measured with the schedule estimate while
 # segments x program ops stays under this (about 5 s of estimates).
 MEASURE_LIMIT = 150_000
 
 
-def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s: float = 20.0,
+def optimal(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+            copies: CopyMode = "sync", window: Window = None, time_limit_s: float = 20.0,
             min_bytes: int | None = None, max_chain: int = 8, rounds: int = 4,
             allow_remat: bool = True, allow_offload: bool = True,
-            offload_cost: Any = None, copies: str = "sync",
-            window: int | float | None = None,
+            offload_cost: Callable[[common.Gap, common.Pricer], float] | None = None,
             segment_groups: tuple[int, ...] = (1, 2, 4),
             measure_segments: bool | None = None) -> Plan:
   """Cheapest remat/offload plan whose estimated peak is at most ``budget_bytes`` (MILP).
@@ -63,7 +77,8 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     budget_bytes: target estimated peak.
     device: device profile (name or :class:`jaxmem.DeviceProfile`) pricing the decisions.
     time_limit_s: HiGHS time limit per solve; the best solution found is used
-      when it runs out (``LAST.proven`` says whether the last one was optimal).
+      when it runs out (the plan's :class:`MILPDiagnostics` say whether the
+      last one was proven optimal).
     min_bytes: ignore values smaller than this (default: 0.1% of the peak).
     max_chain: most ops one recompute may re-execute.
     rounds: solves with a budget tightened by the estimate's overshoot.
@@ -94,7 +109,7 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
 
   t0 = time.perf_counter()
   pricer = common.Pricer(program, device)
-  pinned = common.base_pins(program)
+  pinned = common.pins(program)
   base, peak = common.position_profile(program, (), pinned)
   if min_bytes is None:
     min_bytes = max(1, program.profile.peak_bytes // 1000)
@@ -139,14 +154,15 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
       pins = tuple(p for p in pinned if not seg.lo < program.vars[p].defined_by <= seg.hi)
       measured[len(cols)] = base - common.position_profile(program, seg.decisions, pins)[0]
     cols.append((-1, seg.decisions, iv, seg.cost_s))
-  LAST.status, LAST.rounds, LAST.proven = "no decision needed", 0, True
+  status, rounds_run, proven, objective_s = "no decision needed", 0, True, float("nan")
   best: tuple[Decision, ...] = ()
   best_pins = pinned
   target = int(budget_bytes)
   if peak <= budget_bytes or not cols:
-    LAST.seconds = time.perf_counter() - t0
-    return common.finish(program, (), budget_bytes, "optimal", pinned, copies=copies,
-                           window=window)
+    plan = common.finish(program, (), budget_bytes, "optimal", pinned, copies=copies,
+                         window=window)
+    return dataclasses.replace(plan, diagnostics=(MILPDiagnostics(
+        status, time.perf_counter() - t0, rounds_run, objective_s, proven),))
 
   gaps_by_var: dict[int, list[int]] = {}
   for gi, g in enumerate(gaps):
@@ -188,7 +204,7 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
         pair_rows.append([a, b])
 
   for rnd in range(rounds):
-    LAST.rounds = rnd + 1
+    rounds_run = rnd + 1
     over = np.nonzero(base > target)[0]
     upper = (target - base[over]).astype(float)
     rows_l, cols_l, vals_l = [], [], []
@@ -235,14 +251,14 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
                integrality=np.concatenate([np.ones(n), np.zeros(m)]),
                bounds=Bounds(0, np.concatenate([np.ones(n), np.full(m, np.inf)])),
                options={"time_limit": remaining, "disp": False})
-    LAST.status = str(res.message)
+    status = str(res.message)
     if res.x is None:
       break
     if m and res.x[n:].max() > 0.5:
-      LAST.status += " (linear model short of the target; relaxed)"
+      status += " (linear model short of the target; relaxed)"
     res.x = res.x[:n]
-    LAST.proven = res.status == 0
-    LAST.objective_s = float(cost_vec @ (res.x > 0.5))
+    proven = res.status == 0
+    objective_s = float(cost_vec @ (res.x > 0.5))
     picked = np.nonzero(res.x > 0.5)[0]
     chosen = tuple(d for c in picked for d in cols[c][1])
     # No pins inside a recomputed segment (see segments._plan_for_segments).
@@ -258,15 +274,15 @@ def optimal(program: Any, budget_bytes: int, device: Any = None, *, time_limit_s
     target -= plan.estimated_peak_bytes - budget_bytes + budget_bytes // 200
     if target <= 0:
       break
-  LAST.seconds = time.perf_counter() - t0
-  return common.finish(program, best, budget_bytes, "optimal", best_pins, copies=copies,
+  plan = common.finish(program, best, budget_bytes, "optimal", best_pins, copies=copies,
                        window=window)
+  return dataclasses.replace(plan, diagnostics=(MILPDiagnostics(
+      status, time.perf_counter() - t0, rounds_run, objective_s, proven),))
 
 
-def _segment_columns(program: Any, device: Any, min_bytes: int,
-                     groups: tuple[int, ...]) -> list[Any]:
+def _segment_columns(program: AnalyzedProgram, device: DeviceLike, min_bytes: int,
+                     groups: tuple[int, ...]) -> list[Segment]:
   """The segments of every size in ``groups`` (distinct ones only)."""
-  from jaxmem._src.planners.segments import find_segments
   out, seen = [], set()
   for group in groups:
     for seg in find_segments(program, device, min_bytes, group):

@@ -21,20 +21,25 @@ does by hand; the difference here is that
 
 A segment's residuals are restored at one point, just before the first
 backward op that reads any of them, and
-:func:`~jaxmem._src.schedule.build_schedule` runs the union of their
+:func:`~jaxmem._src.plan.schedule.build_schedule` runs the union of their
 recompute chains once there: the shared prefix is not repeated per value.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
-from jaxmem._src.plan import Action, Decision, Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.ir.program import Phase
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
-from jaxmem._src.trace import Phase
+from jaxmem._src.planners.chains import ChainState, find_chain
+from jaxmem._src.planners.greedy import greedy
 
 # A value crosses a cut "alone" when every other value crossing it is smaller
 # than this fraction of the largest value in the program (masks, scalars,
@@ -61,7 +66,7 @@ class Segment:
   cost_s: float
 
 
-def forward_cuts(program: Any) -> list[int]:
+def forward_cuts(program: AnalyzedProgram) -> list[int]:
   """Forward positions after which a single large value crosses to the rest of the forward pass."""
   forward = [op.index for op in program.ops if op.phase is Phase.FORWARD]
   if not forward:
@@ -84,8 +89,8 @@ def forward_cuts(program: Any) -> list[int]:
   return [p for p in forward if p < last_fwd and crossing[p] == 1]
 
 
-def find_segments(program: Any, device: Any = None, min_bytes: int | None = None,
-                  group: int = 1) -> list[Segment]:
+def find_segments(program: AnalyzedProgram, device: DeviceLike = None,
+                  min_bytes: int | None = None, group: int = 1) -> list[Segment]:
   """The forward pass cut at :func:`forward_cuts`, each segment with its remat decisions.
 
   ``group`` consecutive segments make one (only every ``group``-th cut is
@@ -117,13 +122,12 @@ def find_segments(program: Any, device: Any = None, min_bytes: int | None = None
   return out
 
 
-def _segment(program: Any, lo: int, hi: int, gaps: list[common.Gap],
+def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
              pricer: common.Pricer) -> Segment | None:
-  from jaxmem._src.planners.greedy import _State, find_chain
   if not gaps:
     return None
   restore = min(g.end for g in gaps)
-  state = _State(program)
+  state = ChainState(program)
   # The checkpoint: every value crossing the cut at `lo` stays alive until the
   # restore point (the chains start from it instead of recomputing it).
   for v in program.vars:
@@ -161,8 +165,8 @@ def _segment(program: Any, lo: int, hi: int, gaps: list[common.Gap],
                  pricer.remat_seconds(sorted(union)))
 
 
-def segments(program: Any, budget_bytes: int, device: Any = None, *,
-             copies: str = "sync", window: int | float | None = None,
+def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+             copies: CopyMode = "sync", window: Window = None,
              min_bytes: int | None = None, fill: bool = True, max_tries: int = 3) -> Plan:
   """Recompute whole forward segments, the cheapest bytes first, until the estimate fits.
 
@@ -191,7 +195,7 @@ def segments(program: Any, budget_bytes: int, device: Any = None, *,
     >>> plan.estimated_peak_bytes <= 0.8 * prog.peak_bytes
     True
   """
-  pins = common.base_pins(program)
+  pins = common.pins(program)
   excess = program.profile.peak_bytes - budget_bytes
   # Segmentations of 1, 2, 4, ... cuts per segment, each with a guess of its
   # cost (the cheapest segments whose bytes cover the excess). Evaluated
@@ -228,7 +232,6 @@ def segments(program: Any, budget_bytes: int, device: Any = None, *,
   assert best is not None
   plan = best[2]
   if plan.estimated_peak_bytes > budget_bytes and fill:
-    from jaxmem._src.planners.greedy import greedy
     filled = greedy(program, budget_bytes, device, copies=copies, window=window,
                     initial=plan.decisions)
     if filled.estimated_peak_bytes > budget_bytes:
@@ -252,8 +255,9 @@ def _cover(segs: list[Segment], excess: int) -> int:
   return min(len(segs), int(np.searchsorted(cum, excess)) + 1)
 
 
-def _plan_for_segments(program: Any, budget_bytes: int, segs: list[Segment],
-                       pins: tuple[int, ...], copies: str, window: Any) -> tuple[Plan, float]:
+def _plan_for_segments(program: AnalyzedProgram, budget_bytes: int, segs: list[Segment],
+                       pins: tuple[int, ...], copies: CopyMode,
+                       window: Window) -> tuple[Plan, float]:
   """The shortest fitting prefix of ``segs`` (ranked by :func:`_ranked`) and its cost."""
   plans: dict[int, Plan] = {}
 

@@ -1,4 +1,7 @@
-"""vDNN (paper 004, Rhu et al.): offload the feature maps saved for the backward pass.
+"""vDNN (Rhu et al.): offload the feature maps saved for the backward pass.
+
+Rhu et al., *Virtualizing Deep Neural Networks for Memory-Efficient Neural
+Network Design*.
 
 §3.1 (design principle): a layer's input X is read-only during its forward
 computation, so it is copied to pinned host memory while that layer runs, and
@@ -25,16 +28,19 @@ computation on the device (:func:`common.device_window`).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from jaxmem._src.plan import Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
 
 POLICIES = ("dyn", "conv", "all")
 
 
-def vdnn(program: Any, budget_bytes: int, device: Any = None, *, policy: str = "dyn",
-         copies: str = "async", window: int | float | None = None,
+def vdnn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+         copies: CopyMode = "async", window: Window = None, policy: str = "dyn",
          min_bytes: int | None = None) -> Plan:
   """vDNN's offload plan (``policy`` = ``"dyn"``, ``"conv"`` or ``"all"``).
 
@@ -42,7 +48,7 @@ def vdnn(program: Any, budget_bytes: int, device: Any = None, *, policy: str = "
     program: a :class:`jaxmem.Program`.
     budget_bytes: target estimated peak (``dyn`` picks the first policy under it).
     device: device profile used for the copy window.
-    policy: vDNN_dyn, vDNN_conv or vDNN_all (paper 004 §3.3).
+    policy: vDNN_dyn, vDNN_conv or vDNN_all (vDNN §3.3).
     copies, window: how copies are scheduled (default: asynchronous, with a
       window covering each copy on ``device``).
     min_bytes: ignore values smaller than this (default: 0.1% of the peak).
@@ -77,10 +83,8 @@ def vdnn(program: Any, budget_bytes: int, device: Any = None, *, policy: str = "
 
   if policy != "dyn":
     return make(policy)
-  plan = None
   for name in ("none", "conv", "all"):
     plan = make(name)
     if plan.estimated_peak_bytes <= budget_bytes:
       break
-  import dataclasses
   return dataclasses.replace(plan, planner=f"vdnn-dyn({plan.planner.split('-', 1)[1]})")

@@ -1,4 +1,7 @@
-"""Window-based out-of-core scheduling (paper 001, Hayakawa & Narihira, §3).
+"""Window-based out-of-core scheduling (Hayakawa et al., §3).
+
+Hayakawa et al., *Out-of-core training for extremely large-scale neural
+networks with adaptive window-based scheduling*.
 
 The program is a sequence of functions; flattening the variables each one
 uses gives the *variable sequence*. At function ``f_i`` the variables of the
@@ -11,7 +14,7 @@ feature maps saved for backward (the paper's fix for skip connections).
 Mapped onto a jaxmem plan: every candidate value whose next use lies more
 than ``window`` bytes further along the sequence (bytes of the values the ops
 in between produce) is offloaded over that gap; the asynchronous schedule
-(:func:`jaxmem._src.schedule.async_copies`, which follows the same section)
+(:func:`jaxmem._src.plan.schedule.async_copies`, which follows the same section)
 issues each fetch ``window`` bytes ahead of its use and completes offloads no
 later than the budget allows. The paper gives no default window; its
 reference implementation uses 1.5x the memory budget, and we start from the
@@ -21,17 +24,19 @@ optimizer state) stay on the device: jaxmem offloads only values a step makes.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from jaxmem._src.plan import Plan
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
 
 
-def window_planner(program: Any, budget_bytes: int, device: Any = None, *,
-                   window_fraction: float = 1.0, copies: str = "async", tries: int = 5,
-                   min_bytes: int | None = None, window: int | None = None) -> Plan:
+def window_planner(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
+                   copies: CopyMode = "async", window: Window = None,
+                   window_fraction: float = 1.0, tries: int = 5,
+                   min_bytes: int | None = None) -> Plan:
   """Paper 001's schedule: offload what leaves a byte window, fetch a window ahead.
 
   Args:

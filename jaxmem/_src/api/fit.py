@@ -1,0 +1,478 @@
+"""``jaxmem.fit(budget)``: plan, rewrite, compile, verify, tighten.
+
+Per input signature (static values + argument shapes/dtypes) the step is traced
+once, compiled unplanned to learn its true peak, then planned and compiled until
+the compiled peak is within the budget (``docs/design.md``, "Verify"): each
+round lowers the planner's target by the overshoot of the previous one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jaxmem._src.api.program import Program, analyze_step
+from jaxmem._src.base import budget as budget_lib
+from jaxmem._src.base.errors import BudgetError, format_bytes
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.ir.trace import arg_names_of, check_array_args
+from jaxmem._src.lower.backend import jit_plan
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import COPY_MODES, CopyMode, Window, window_bytes
+from jaxmem._src.plan.simulate import simulate
+from jaxmem._src.planners.auto import auto
+from jaxmem._src.planners.greedy import greedy
+from jaxmem._src.planners.protocol import PlainPlanner, Planner
+from jaxmem._src.planners.registry import as_planner
+from jaxmem._src.planners.segments import segments
+from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+  """The outcome of fitting one input signature.
+
+  Attributes:
+    budget_bytes: the budget in bytes (a fraction resolved against the unplanned peak).
+    unplanned_peak_bytes: compiled peak of plain ``jax.jit``.
+    peak_bytes: compiled peak of the fitted step (<= ``budget_bytes``).
+    plan: the plan applied (no decisions when the step already fit).
+    rounds: plan-compile rounds used (0 when the step already fit).
+    memory: compiled memory breakdown of the fitted step.
+    unplanned_memory: the same for plain ``jax.jit``.
+    planning_s: seconds spent planning, rewriting and compiling.
+    compiler_options: XLA options the fitted step is compiled with (empty:
+      the defaults; see ``_compiler_option_sets``).
+  """
+  budget_bytes: int
+  unplanned_peak_bytes: int
+  peak_bytes: int
+  plan: Plan
+  rounds: int
+  memory: CompiledMemory
+  unplanned_memory: CompiledMemory
+  planning_s: float = 0.0
+  compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def summary(self) -> str:
+    saved = 1.0 - self.peak_bytes / max(1, self.unplanned_peak_bytes)
+    return "\n".join([
+        f"budget:          {format_bytes(self.budget_bytes)}",
+        f"unplanned peak:  {self.unplanned_memory}",
+        f"fitted peak:     {self.memory}  ({saved:.0%} less, "
+        f"{'within' if self.peak_bytes <= self.budget_bytes else 'OVER'} budget)",
+        f"rounds:          {self.rounds}, planning+compile {self.planning_s:.1f} s"
+        + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else ""),
+    ])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+  memory: CompiledMemory
+  plan: Plan
+  jitted: Any   # the jax.jit-wrapped step (jax's Wrapped type is private)
+  compiled: jax.stages.Compiled
+  options: dict[str, Any]
+
+
+def _compiler_option_sets(fallback: bool) -> list[dict[str, Any]]:
+  """XLA options tried in turn: the defaults, then (``fallback``) leaner lowerings.
+
+  On the CPU, YNNPACK fusions (``reduce_window`` of ``avg_pool``, some
+  elementwise ops) take materialized broadcasts of their constants that XLA
+  hoists to the program start and keeps for the whole step (a small BatchNorm
+  CNN: 10.8 MiB compiled peak with them, 6.8 MiB without). They are only turned
+  off when asked for and no plan fits with them: the other kernels are slower
+  and sum in another order, so results are no longer bit-identical to plain
+  ``jax.jit`` (up to ~4e-8 absolute on a BatchNorm CNN's parameters, where
+  the bias gradients are sums that cancel).
+  """
+  sets: list[dict[str, Any]] = [{}]
+  if fallback and jax.default_backend() == "cpu":
+    sets.append({"xla_cpu_experimental_ynn_fusion_type": ""})
+  return sets
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  result: FitResult
+  jitted: Any   # the jax.jit-wrapped step
+  compiled: jax.stages.Compiled
+
+
+def _aval_key(leaf: Any) -> tuple[tuple[int, ...], str, bool]:
+  aval = jax.typeof(leaf) if not isinstance(leaf, jax.ShapeDtypeStruct) else leaf
+  return (tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False)))
+
+
+class Fitted:
+  """A step fitted to a memory budget; call it like a jitted function.
+
+  Created by :func:`fit`. Plans once per input signature and caches the
+  compiled executable.
+  """
+
+  def __init__(self, fun: Callable[..., Any], spec: budget_lib.BudgetSpec, *,
+               planner: str | Planner | PlainPlanner = "auto", device: DeviceLike = None,
+               static_argnums: int | Sequence[int] = (),
+               donate_argnums: int | Sequence[int] = (),
+               max_rounds: int = 4, verbose: bool = False, compiler_fallback: bool = False,
+               copies: CopyMode = "sync", window: Window = None, relax: bool = True):
+    if not callable(fun):
+      raise TypeError(f"`jaxmem.fit(...)` decorates a callable step, got {type(fun).__name__}.")
+    self.fun = fun
+    self.spec = spec
+    self.planner = as_planner(planner)
+    self.planner_name = planner if isinstance(planner, str) else getattr(planner, "__name__", "custom")
+    self.device = device
+    self.static_argnums = _as_tuple(static_argnums, "static_argnums")
+    self.donate_argnums = _as_tuple(donate_argnums, "donate_argnums")
+    if set(self.static_argnums) & set(self.donate_argnums):
+      raise ValueError("`jaxmem.fit`: an argument cannot be both static and donated "
+                       f"(static_argnums={self.static_argnums}, donate_argnums={self.donate_argnums}).")
+    if max_rounds < 1:
+      raise ValueError(f"`max_rounds` must be >= 1, got {max_rounds}.")
+    self.max_rounds = max_rounds
+    self.copies, self.window = _check_copies(copies, window)
+    self.verbose = verbose
+    self.compiler_fallback = compiler_fallback
+    self.relax = relax
+    self._cache: dict[Any, _Entry] = {}
+    functools.update_wrapper(self, fun)
+
+  # -- public ---------------------------------------------------------------
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    entry, dyn = self._entry(args, kwargs)
+    return entry.compiled(*dyn)
+
+  def lower(self, *args: Any, **kwargs: Any) -> Any:
+    """Lowers the fitted step like ``jax.jit(f).lower``; ``.compile()`` follows."""
+    entry, dyn = self._entry(args, kwargs)
+    return entry.jitted.lower(*dyn)
+
+  def fit_result(self, *args: Any, **kwargs: Any) -> FitResult:
+    """The :class:`FitResult` for these arguments (plans if needed)."""
+    return self._entry(args, kwargs)[0].result
+
+  def analyze(self, *args: Any, **kwargs: Any) -> Program:
+    """The unplanned :class:`jaxmem.Program` for these arguments."""
+    inner, dyn, names, _ = self._split(args, kwargs)
+    return analyze_step(inner, dyn, donate_argnums=self._dyn_donate(len(args)), arg_names=names)
+
+  # -- internals --------------------------------------------------------------
+
+  def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[Callable[..., Any], tuple[Any, ...], list[str], tuple[tuple[int, Any], ...]]:
+    nargs = len(args)
+    for i in self.static_argnums + self.donate_argnums:
+      if not -nargs <= i < nargs:
+        raise ValueError(f"`jaxmem.fit`: argnum {i} is out of range for a call with {nargs} "
+                         "positional arguments.")
+    static = {i % nargs for i in self.static_argnums}
+    static_vals = tuple((i, args[i]) for i in sorted(static))
+    for i, v in static_vals:
+      try:
+        hash(v)
+      except TypeError:
+        raise TypeError(f"`jaxmem.fit`: static argument {i} must be hashable, got "
+                        f"{type(v).__name__}.") from None
+    dyn_pos = [a for i, a in enumerate(args) if i not in static]
+    check_array_args(dyn_pos + [kwargs], "jaxmem.fit", static_hint=True)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((dyn_pos, kwargs))):
+      raise TypeError(
+          "A `jaxmem.fit` step is planned, compiled and verified for concrete arguments: call it "
+          "directly, not inside `jax.jit`, `jax.grad` or `jax.vmap` (it is compiled already). To "
+          "fit a step that differentiates, put `jax.grad` inside the step.")
+    fun = self.fun
+
+    def inner(*dyn_and_kw: Any) -> Any:
+      it = iter(dyn_and_kw[:-1])
+      full = [args[i] if i in static else next(it) for i in range(nargs)]
+      return fun(*full, **dyn_and_kw[-1])
+
+    names = arg_names_of(fun, nargs)
+    dyn_names = [n for i, n in enumerate(names) if i not in static] + ["kwargs"]
+    return inner, (*dyn_pos, dict(kwargs)), dyn_names, static_vals
+
+  def _dyn_donate(self, nargs: int) -> tuple[int, ...]:
+    static = {i % nargs for i in self.static_argnums}
+    donate = {i % nargs for i in self.donate_argnums}
+    pos = [i for i in range(nargs) if i not in static]
+    return tuple(j for j, i in enumerate(pos) if i in donate)
+
+  def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, tuple[Any, ...]]:
+    inner, dyn, names, static_vals = self._split(args, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten(dyn)
+    key = (static_vals, treedef, tuple(_aval_key(x) for x in leaves))
+    entry = self._cache.get(key)
+    if entry is None:
+      entry = self._fit(inner, dyn, names, self._dyn_donate(len(args)))
+      self._cache[key] = entry
+    return entry, dyn
+
+  def _log(self, msg: str) -> None:
+    if self.verbose:
+      print(f"[jaxmem.fit] {msg}", file=sys.stderr, flush=True)
+
+  def _fit(self, inner: Callable[..., Any], dyn: tuple[Any, ...], names: list[str],
+           donate: tuple[int, ...]) -> _Entry:
+    t0 = time.perf_counter()
+    self._log("tracing and compiling the unplanned step")
+    base_jit = jax.jit(inner, donate_argnums=donate)
+    base_compiled = base_jit.lower(*dyn).compile()
+    base_mem = compiled_memory(base_compiled)
+    budget = self.spec.resolve(base_mem.peak_bytes)
+    program = analyze_step(inner, dyn, donate_argnums=donate, arg_names=names)
+    if base_mem.peak_bytes <= budget:
+      plan = Plan(program, (), budget, program.peak_bytes, program.peak_bytes, "none")
+      result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
+                         base_mem, time.perf_counter() - t0)
+      self._log(f"already fits: {base_mem} <= {format_bytes(budget)}")
+      return _Entry(result, base_jit, base_compiled)
+
+    tried: list[_Attempt] = []
+    plans: dict[tuple[int, int], Plan] = {}
+
+    compiled_plans: dict[tuple[Any, ...], _Attempt] = {}
+
+    def attempt(target: int, options: dict[str, Any], planner: Planner | None = None) -> _Attempt:
+      target = max(0, int(target))
+      key = (target, id(planner))
+      if key not in plans:
+        plans[key] = self._plan(program, target, planner)
+      plan = plans[key]
+      # The fallback planners often return the plan `auto` already chose, and a
+      # tighter target can return the same plan: compile each plan once.
+      same = (_plan_key(plan), repr(sorted(options.items())))
+      if same in compiled_plans:
+        self._log(f"target {format_bytes(target)}: same plan as an earlier round, not recompiled")
+        return compiled_plans[same]
+      jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options)
+      compiled = jitted.lower(*dyn).compile()
+      tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options))
+      self._log(f"round {len(tried)}: target {format_bytes(target)} -> estimate "
+                f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
+                f"{format_bytes(tried[-1].memory.peak_bytes)} ({len(plan.decisions)} decisions"
+                f"{', options ' + str(options) if options else ''})")
+      compiled_plans[same] = tried[-1]
+      return tried[-1]
+
+    def relax(found: _Attempt, options: dict[str, Any], planner: Planner | None = None) -> _Attempt:
+      """Loosen a fitting plan while its compiled peak leaves a good part of the budget unused.
+
+      Estimates are conservative on some steps (a ResNet-18 plan estimated at
+      517 MiB compiled to 342 MiB): the target is raised by the unused bytes,
+      and the looser plan is kept when it still fits and its simulated step
+      is faster (less recomputation, fewer copies).
+      """
+      if not self.relax:
+        return found
+      cost = simulate(found.plan, self.device).step_time_s
+      for _ in range(RELAX_ROUNDS):
+        unused = budget - found.memory.peak_bytes
+        if not found.plan.decisions or unused < RELAX_MIN_UNUSED * budget:
+          break
+        looser = attempt(found.plan.estimated_peak_bytes + unused, options, planner)
+        if looser.memory.peak_bytes > budget:
+          break
+        looser_cost = simulate(looser.plan, self.device).step_time_s
+        if looser_cost >= cost:
+          break
+        self._log(f"looser plan kept: simulated step {looser_cost / cost - 1:+.1%}")
+        found, cost = looser, looser_cost
+      return found
+
+    def rounds(options: dict[str, Any], planner: Planner | None = None) -> _Attempt | None:
+      """Plan-compile rounds, tightening the target by the compiled overshoot."""
+      target = budget
+      last = None
+      for _ in range(self.max_rounds):
+        previous, last = last, attempt(target, options, planner)
+        if last.memory.peak_bytes <= budget:
+          return relax(last, options, planner)
+        if last.plan.estimated_peak_bytes > target:
+          break  # the planner could not reach its own target: tightening will not help
+        if previous is not None and last.memory.peak_bytes >= previous.memory.peak_bytes:
+          # A tighter estimate did not lower the compiled peak: what XLA holds
+          # at its peak is out of this planner's reach (measured: VGG-16 at
+          # batch 35 compiled to 4.04 MiB in every one of 13 rounds).
+          break
+        target = min(target, last.plan.estimated_peak_bytes) - (last.memory.peak_bytes - budget)
+        if target <= 0:
+          break
+      if last is None or last.plan.estimated_peak_bytes <= last.plan.target_bytes:
+        last = attempt(0, options, planner)  # the most aggressive plan this planner has
+        if last.memory.peak_bytes <= budget:
+          return last
+      return None
+
+    found = None
+    if budget >= _hard_floor(program, donate):
+      for options in _compiler_option_sets(self.compiler_fallback):
+        # `auto` picks by simulated time; when its plans overshoot in the
+        # compiled program, its single planners get their own rounds.
+        for planner in (None, *self._fallback_planners()):
+          found = rounds(options, planner)
+          if found is not None:
+            break
+        if found is not None:
+          break
+    else:
+      attempt(0, {})
+    if found is None:
+      best = min(tried, key=lambda t: t.memory.peak_bytes)
+      hint = ("" if self.compiler_fallback or jax.default_backend() != "cpu" else
+              " `compiler_fallback=True` would also try XLA:CPU lowerings without YNNPACK "
+              "fusions (not bit-identical to jax.jit).")
+      raise BudgetError(
+          f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
+          f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
+          f"{format_bytes(base_mem.peak_bytes)}).{hint}",
+          budget_bytes=budget, smallest_bytes=best.memory.peak_bytes, holders=_holders(best.plan))
+    result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
+                       found.memory, base_mem, time.perf_counter() - t0, found.options)
+    self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
+    return _Entry(result, found.jitted, found.compiled)
+
+  def _fallback_planners(self) -> tuple[Planner, ...]:
+    """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""
+    if self.planner is not auto:
+      return ()
+    return (greedy, segments)
+
+  def _plan(self, program: Program, target: int, planner: Planner | None = None) -> Plan:
+    """The planner's plan for ``target``, with this step's copy mode."""
+    use = self.planner if planner is None else planner
+    return use(program, target, self.device, copies=self.copies, window=self.window)
+
+
+# `relax`: looser plans tried after a fit, and the unused share of the budget
+# (of its compiled peak) below which the fitting plan is kept as it is.
+RELAX_ROUNDS = 2
+RELAX_MIN_UNUSED = 0.1
+
+
+def _plan_key(plan: Plan) -> tuple[Any, ...]:
+  """What makes two plans rewrite a step into the same program."""
+  return (tuple((d.var, d.action, d.start, d.end, d.recompute) for d in plan.decisions),
+          tuple(plan.pinned), plan.copies, plan.window)
+
+
+def _as_tuple(x: int | Sequence[int], name: str) -> tuple[int, ...]:
+  if isinstance(x, int):
+    return (x,)
+  try:
+    out = tuple(x)
+  except TypeError:
+    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {x!r}.") from None
+  if not all(isinstance(i, int) for i in out):
+    raise TypeError(f"`{name}` must be an int or a sequence of ints, got {x!r}.")
+  return out
+
+
+def _check_copies(copies: CopyMode, window: Window) -> tuple[CopyMode, Window]:
+  if copies not in COPY_MODES:
+    raise ValueError(f"`copies` must be one of {COPY_MODES}, got {copies!r}.")
+  if window is not None:
+    window_bytes(window, 1)   # raises a ValueError that says what a window is
+  return copies, window
+
+
+def _hard_floor(program: Program, donate: tuple[int, ...]) -> int:
+  """Bytes no plan can remove: the arguments, plus the outputs when nothing is donated."""
+  args = sum(program.vars[v].nbytes for v in set(program.invars))
+  outs = sum(program.vars[v].nbytes for v in {x for x in program.outvars if isinstance(x, int)}
+             if not program.vars[v].is_input)
+  return args + (0 if donate else outs)
+
+
+def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
+  sched = plan.schedule()
+  prof = sched.profile()
+  out = []
+  for vid, nbytes in zip(prof.holders[:top], prof.holder_bytes[:top]):
+    var = sched.value_var[vid]
+    if var is None:
+      out.append(("copy handle", nbytes))
+      continue
+    v = plan.program.vars[var]
+    out.append((f"{v.type_str} {v.role.value} {v.name} ({v.source})", nbytes))
+  return out
+
+
+def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "auto",
+        device: DeviceLike = None, static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = (), max_rounds: int = 4, verbose: bool = False,
+        compiler_fallback: bool = False, copies: CopyMode = "sync", window: Window = None,
+        relax: bool = True) -> Callable[[Callable[..., Any]], Fitted]:
+  """Decorator: make a step's compiled peak fit ``budget``.
+
+  Args:
+    budget: int bytes, a string with units (``"12GiB"``, ``"800MB"``) or a
+      float in (0, 1]: the fraction of the unplanned step's compiled peak.
+      Per device; covers arguments, outputs and temporaries.
+    planner: planner name (``"auto"``, ``"greedy"``) or a callable
+      ``planner(program, budget_bytes, device) -> Plan`` (its plan's copies
+      are then scheduled as ``copies`` and ``window`` say).
+    device: device profile used to price remat against offload.
+    static_argnums, donate_argnums: as in ``jax.jit``.
+    max_rounds: plan-compile rounds before giving up.
+    verbose: print progress to stderr.
+    compiler_fallback: when no plan fits with XLA's default options, also try
+      leaner lowerings (on the CPU: without YNNPACK fusions). Results then
+      differ from plain ``jax.jit`` in the last bits; off by default.
+    copies: ``"sync"`` (default): each offload/fetch is one custom call that
+      copies while computation waits. ``"async"``: a start and a done per copy
+      (a worker thread on the CPU, copy streams on CUDA builds); the copy
+      overlaps the computation between them, and the window costs memory
+      that the planner keeps within the budget (Hayakawa et al. §3). The copies
+      are exact: the same plan gives the same values either way (up to the
+      last-bit fusion differences any custom call boundary can cause).
+      ``"sync"`` stays the default because on a CPU whose cores all compute,
+      the worker only competes with the computation; with a core of its own
+      (``taskset`` plus ``JAXMEM_COPY_CPUS``, as a GPU's copy engines are
+      separate hardware) it overlaps (``bench/overlap.py`` measures both; its
+      figures are in ``bench/results/overlap.md``).
+    window: how far apart an asynchronous copy's start and done may be:
+      ``int`` bytes computed in between (Hayakawa et al.'s schedule-window), or a
+      ``float`` multiple of the bytes the copy moves; default 1.0.
+    relax: when a fitting plan's compiled peak leaves at least 10% of the
+      budget unused, try up to two looser plans (the target raised by the
+      unused bytes) and keep one that still fits with a faster simulated
+      step. Costs a compile each; ``False`` keeps the first plan that fits.
+
+  Returns:
+    A decorator producing a :class:`Fitted` step.
+
+  Raises:
+    jaxmem.BudgetError: on the first call, when the budget cannot be reached.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxmem
+    >>> @jaxmem.fit(1.0)
+    ... def step(x):
+    ...   return jnp.tanh(x).sum()
+    >>> float(step(jnp.zeros(8)))
+    0.0
+  """
+  if callable(budget) and not isinstance(budget, (int, float, str)):
+    raise TypeError("`jaxmem.fit` takes a budget first: write `@jaxmem.fit(\"12GiB\")` or "
+                    "`jaxmem.fit(0.5)(step)`, not `@jaxmem.fit`.")
+  spec = budget_lib.parse_budget(budget)
+  as_planner(planner)
+  _check_copies(copies, window)
+
+  def deco(fun: Callable[..., Any]) -> Fitted:
+    return Fitted(fun, spec, planner=planner, device=device, static_argnums=static_argnums,
+                  donate_argnums=donate_argnums, max_rounds=max_rounds, verbose=verbose,
+                  compiler_fallback=compiler_fallback, copies=copies, window=window,
+                  relax=relax)
+
+  return deco

@@ -1,0 +1,44 @@
+"""``jaxmem.plan``: a plan for an estimated budget, without compiling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jaxmem._src.api.program import analyze
+from jaxmem._src.base.budget import Budget, parse_budget
+from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.planners.protocol import PlainPlanner, Planner
+from jaxmem._src.planners.registry import get_planner
+
+
+def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
+         planner: str | Planner | PlainPlanner = "auto", device: DeviceLike = None) -> Plan:
+  """Plans ``fun(*args)`` for an estimated peak of ``budget`` (no compile).
+
+  Args:
+    fun: the step.
+    *args: example arguments.
+    budget: int bytes, a string with units, or a fraction of the *estimated*
+      peak (``jaxmem.fit`` resolves a fraction against the compiled peak).
+    planner: planner name or callable.
+    device: device profile name.
+
+  Returns:
+    A :class:`jaxmem.Plan`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> p = jaxmem.plan(jax.grad(lambda x: jnp.tanh(jnp.tanh(x)).sum()), jnp.ones(1 << 16),
+    ...                 budget=0.8, planner="greedy", device="h100-pcie")
+    >>> p.estimated_peak_bytes <= p.target_bytes
+    True
+  """
+  spec = parse_budget(budget)
+  program = analyze(fun, *args)
+  target = spec.resolve(program.peak_bytes)
+  return get_planner(planner)(program, target, device)
+
+
+__all__ = ["plan"]

@@ -1,0 +1,1 @@
+"""Layer 9, the command line: ``python -m jaxmem demo | report | max-batch | dsa``."""

@@ -1,0 +1,190 @@
+"""The estimate of a traced program: XLA's model applied, lifetimes measured, roles refined.
+
+:func:`analyze_program` takes the :class:`~jaxmem._src.ir.program.Program`
+that :func:`~jaxmem._src.ir.trace.trace` built and returns an
+:class:`AnalyzedProgram`: the same program with what jaxmem knows about it
+before compiling anything (the memory model of every op, the profile of live
+bytes, the refined roles, the device-independent costs). Every later stage
+reads it; nothing changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxmem._src import _compat
+from jaxmem._src.estimate import xla_model
+from jaxmem._src.estimate.cost import OpCosts, op_costs
+from jaxmem._src.estimate.devices import DeviceLike, device_profile
+from jaxmem._src.estimate.lifetimes import Flow, Profile, estimate
+from jaxmem._src.estimate.xla_model import CseKey, OpMemory
+from jaxmem._src.ir import primitives
+from jaxmem._src.ir.program import Phase, Program, Role, VarInfo
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class AnalyzedProgram(Program):
+  """A :class:`~jaxmem._src.ir.program.Program` with its estimate (built by :func:`analyze_program`).
+
+  Attributes:
+    profile: estimated live bytes at every program position under XLA's model.
+    memory: per op, what XLA adds to it as plain ``jax.jit`` compiles it
+      (:func:`~jaxmem._src.estimate.xla_model.op_memory_model`).
+    planned_memory: the same as a planned schedule runs it (lowering
+      substitutions applied).
+    cse_keys: per op, its key for XLA's common-subexpression elimination.
+    hoisted: constant-like values XLA computes at the program start.
+    movable: per op, XLA may run it as soon as its inputs exist (the
+      optimizer update after the backward pass).
+    costs: the device-independent part of every op's roofline time.
+    dead: per op, nothing reads its results and it has no effects (XLA
+      removes it).
+    rematerializable: per op, a recomputation may re-execute it: no effects,
+      no body of its own, and a primitive the registry allows
+      (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.rematerializable`).
+  """
+  profile: Profile
+  memory: tuple[OpMemory, ...]
+  planned_memory: tuple[OpMemory, ...]
+  cse_keys: tuple[CseKey | None, ...]
+  hoisted: frozenset[int]
+  movable: tuple[bool, ...]
+  costs: OpCosts
+  dead: tuple[bool, ...]
+  rematerializable: tuple[bool, ...]
+
+  @property
+  def peak_bytes(self) -> int:
+    """Estimated peak live bytes (arguments + outputs + temporaries)."""
+    return self.profile.peak_bytes
+
+  def op_seconds(self, device: DeviceLike = None) -> np.ndarray:
+    """Roofline time of every op of the unplanned program on ``device``.
+
+    Ops XLA removes cost nothing; ops whose results XLA fuses into their
+    consumers cost their arithmetic only.
+    """
+    dev = device_profile(device)
+    virtual = self.profile.virtual
+    out = self.costs.seconds(dev, fused=False)
+    if virtual is not None:
+      fused = np.array([bool(op.outputs) and all(virtual[o] for o in op.outputs)
+                        for op in self.ops], dtype=bool)
+      out = np.where(fused, self.costs.seconds(dev, fused=True), out)
+    out[np.asarray(self.dead, dtype=bool)] = 0.0
+    return out
+
+  def __repr__(self) -> str:
+    return (f"{type(self).__name__}(ops={self.num_ops}, vars={len(self.vars)}, "
+            f"peak_bytes={self.peak_bytes})")
+
+
+def analyze_program(program: Program) -> AnalyzedProgram:
+  """The estimate of ``program`` (see :class:`AnalyzedProgram`)."""
+  memory = xla_model.op_memory_model(program, planned=False)
+  planned = xla_model.op_memory_model(program, planned=True)
+  keys = xla_model.cse_keys(program)
+  hoisted = xla_model.hoisted_constants(program)
+  movable = xla_model.movable_ops(program)
+  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable))[0]
+  outs = program.output_ids
+  dead = tuple(bool(op.outputs) and not op.eqn.effects
+               and not any(program.vars[o].uses or o in outs for o in op.outputs)
+               for op in program.ops)
+  remat = tuple(primitives.facts(op.primitive).rematerializable and not op.eqn.effects
+                and not _compat.sub_jaxprs(op.eqn) for op in program.ops)
+  fields = {f.name: getattr(program, f.name) for f in dataclasses.fields(Program)}
+  fields["vars"] = refine_roles(program, profile)
+  return AnalyzedProgram(**fields, profile=profile, memory=memory, planned_memory=planned,
+                         cse_keys=keys, hoisted=hoisted, movable=movable,
+                         costs=op_costs([op.eqn for op in program.ops]), dead=dead,
+                         rematerializable=remat)
+
+
+def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
+                    keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
+                    movable: tuple[bool, ...]) -> Flow:
+  """The unplanned program as the lifetime estimator sees it: one step per op."""
+  starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
+  return Flow(
+      num_steps=program.num_ops,
+      step_kind=[m.kind for m in memory],
+      step_inputs=[op.input_ids() for op in program.ops],
+      step_outputs=[list(op.outputs) for op in program.ops],
+      transient=[m.transient for m in memory],
+      hoisted=[m.hoisted for m in memory],
+      start=list(starts), end=list(ends),
+      nbytes=[v.nbytes for v in program.vars],
+      materialized=frozenset(v.id for v in program.vars if v.is_input or v.is_output),
+      hoist_to_start=hoisted,
+      shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
+                    for op, m in zip(program.ops, memory)],
+      movable=movable, cse_keys=keys)
+
+
+def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:
+  """The program's values with the roles the estimate reveals.
+
+  A forward value kept alive into the backward pass by a fused use is an
+  activation: XLA recomputes a fused ReLU mask in the backward pass from the
+  matmul output, so that output is what is saved for backward.
+  """
+  ivs = profile.intervals
+  backward = [op.index for op in program.ops if op.phase is Phase.BACKWARD]
+  if ivs is None or not backward:
+    return program.vars
+  first_backward = backward[0]
+  return tuple(
+      dataclasses.replace(v, role=Role.ACTIVATION)
+      if (v.role is Role.TEMPORARY and not v.is_input
+          and program.ops[v.defined_by].phase is Phase.FORWARD
+          and first_backward <= ivs[v.id][1] < program.num_ops) else v
+      for v in program.vars)
+
+
+def allocation_instance(program: AnalyzedProgram, *,
+                        return_ids: bool = False) -> tuple[np.ndarray, ...]:
+  """The offline allocation (DSA) instance of a program: its stored intermediate values.
+
+  Takes every value defined by an op (not arguments or constants) that XLA
+  does not fuse away (``program.profile.virtual``) and that has bytes, with
+  its lifetime from ``program.profile.intervals`` (jaxmem's estimate after the
+  XLA model). Those intervals are closed, ``[start, end]`` in op positions;
+  the instance uses half-open ``[start, end + 1)``, the format of
+  :func:`jaxmem.dsa.solve`.
+
+  Args:
+    program: from :func:`jaxmem.analyze`.
+    return_ids: also return the value ids (indices into ``program.vars``).
+
+  Returns:
+    ``(lower, upper, size)`` int64 arrays, plus ``ids`` when ``return_ids``.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxmem
+    >>> prog = jaxmem.analyze(lambda x: jnp.sin(x @ x.T).sum(), jnp.ones((64, 32)))
+    >>> lower, upper, size = jaxmem.dsa.from_program(prog)
+    >>> jaxmem.dsa.solve(lower, upper, size).footprint >= jaxmem.dsa.max_load(lower, upper, size)
+    True
+  """
+  prof = program.profile
+  intervals = prof.intervals
+  if intervals is None:
+    raise ValueError("the program's profile has no per-value intervals")
+  virtual = prof.virtual if prof.virtual is not None else np.zeros(len(intervals), dtype=bool)
+  rows = []
+  for v in program.vars:
+    if v.is_input or v.nbytes <= 0 or v.id >= len(intervals) or virtual[v.id]:
+      continue
+    start, end = intervals[v.id]
+    if start < 0:
+      continue
+    rows.append((v.id, start, max(end, start) + 1, v.nbytes))
+  table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+  out = (table[:, 1].copy(), table[:, 2].copy(), table[:, 3].copy())
+  return (*out, table[:, 0].copy()) if return_ids else out
+
+
+__all__ = ["AnalyzedProgram", "allocation_instance", "analyze_program", "refine_roles"]

@@ -1,0 +1,159 @@
+"""Cost model: per-equation FLOPs and bytes, and a roofline time per op on a device.
+
+FLOPs come from the primitive registry (:mod:`jaxmem._src.ir.primitives`: a
+rule per primitive, one FLOP per result element by default); an op with a
+body costs its body's equations, times the trip count of a loop. Bytes are
+operands read plus results written. :func:`eqn_seconds` turns both into a
+roofline time on a :class:`~jaxmem._src.estimate.devices.DeviceProfile`;
+:class:`OpCosts` holds the device-independent part for a whole program, so
+that its per-op times on any device are one vectorized expression.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxmem._src import _compat
+from jaxmem._src.estimate.devices import HALF_DTYPES, DeviceProfile
+from jaxmem._src.ir import primitives
+from jaxmem._src.ir.primitives import Body, Fusion
+
+
+def eqn_flops(eqn: _compat.JaxprEqn) -> float:
+  """FLOPs of one equation (nested bodies: summed once, loops: times trip count)."""
+  facts = primitives.eqn_facts(eqn)
+  if facts.flops is not None:
+    return facts.flops(eqn)
+  subs = _compat.sub_jaxprs(eqn) if facts.body is not Body.COMBINER else []
+  if subs:
+    inner = sum(eqn_flops(e) for j in subs for e in j.eqns)
+    trips = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+    return float(inner) * trips
+  return primitives.out_element_flops(eqn)
+
+
+def _nbytes(atoms: Sequence[_compat.Atom]) -> int:
+  return sum(_compat.aval_nbytes(getattr(a, "aval", None)) for a in atoms)
+
+
+def eqn_bytes(eqn: _compat.JaxprEqn) -> float:
+  """Device-memory bytes one equation moves if nothing is fused: operands read, results written."""
+  return float(_nbytes(eqn.invars) + _nbytes(eqn.outvars))
+
+
+_FUSED_IN_BODIES = (Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW)
+
+
+def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
+  """Time of an op with a body (scan, remat, cond...): its equations' times, ``None`` otherwise."""
+  if primitives.eqn_facts(eqn).body is Body.COMBINER:
+    return None
+  subs = _compat.sub_jaxprs(eqn)
+  if not subs:
+    return None
+
+  def body_time(j: _compat.Jaxpr) -> float:
+    # As at top level: an elementwise result read only inside the body is fused
+    # into its consumer; the body's results are stored.
+    outs = {id(v) for v in j.outvars}
+    return sum(eqn_seconds(e, profile, fused=primitives.eqn_facts(e).fusion in _FUSED_IN_BODIES
+                           and not any(id(v) in outs for v in e.outvars))
+               for e in j.eqns)
+
+  per_body = [body_time(j) for j in subs]
+  name = eqn.primitive.name
+  if name == "cond":
+    return max(per_body)            # one branch runs; price the slowest
+  trips = eqn.params.get("length", 1) if name == "scan" else 1
+  return float(sum(per_body)) * trips
+
+
+def _compute_rate(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float:
+  if primitives.eqn_facts(eqn).matrix_unit:
+    return profile.matmul_rate(str(getattr(eqn.invars[0].aval, "dtype", "")))
+  return profile.vector_rate
+
+
+def eqn_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile, *, fused: bool = False) -> float:
+  """Roofline time of one equation: ``max(FLOPs / rate, bytes / bandwidth) + overhead``.
+
+  ``fused``: XLA fuses the op into its consumer, so it moves no bytes of its
+  own and costs no launch (only its arithmetic). An op with a body (``scan``,
+  ``jax.checkpoint``, ``cond``...) costs the time of the equations inside it
+  (a loop body times its trip count, the slowest ``cond`` branch).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxmem._src.estimate.devices import device_profile
+    >>> eqn = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((256, 256))).eqns[0]
+    >>> eqn_seconds(eqn, device_profile("k40")) > eqn_seconds(eqn, device_profile("h100-sxm"))
+    True
+  """
+  body = _body_seconds(eqn, profile)
+  if body is not None:
+    return body
+  compute = eqn_flops(eqn) / _compute_rate(eqn, profile)
+  if fused:
+    return compute
+  memory = eqn_bytes(eqn) / profile.memory_bytes_per_s if profile.memory_bytes_per_s else 0.0
+  return max(compute, memory) + profile.op_overhead_s
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpCosts:
+  """The device-independent part of every op's roofline time, for one program.
+
+  :meth:`seconds` gives each op's :func:`eqn_seconds` on a device in one
+  vectorized expression (the same float operations, so the same values);
+  ops with a body are priced equation by equation.
+
+  Attributes:
+    flops: per op, its FLOPs.
+    nbytes: per op, the bytes it moves unfused.
+    matrix: per op, runs on the matrix units.
+    half: per op, a half-precision (bfloat16/float16) first operand.
+    bodies: ``(op index, equation)`` of the ops with a body.
+  """
+  flops: np.ndarray
+  nbytes: np.ndarray
+  matrix: np.ndarray
+  half: np.ndarray
+  bodies: tuple[tuple[int, _compat.JaxprEqn], ...]
+
+  def seconds(self, profile: DeviceProfile, *, fused: bool) -> np.ndarray:
+    """Per op, its time on ``profile`` when fused into its consumer or not."""
+    vector = np.full(len(self.flops), profile.vector_rate)
+    matmul = np.where(self.half & bool(profile.half_flops_per_s),
+                      profile.half_flops_per_s or 0.0, profile.flops_per_s)
+    compute = self.flops / np.where(self.matrix, matmul, vector)
+    if fused:
+      out = compute
+    else:
+      memory = (self.nbytes / profile.memory_bytes_per_s if profile.memory_bytes_per_s
+                else np.zeros_like(compute))
+      out = np.maximum(compute, memory) + profile.op_overhead_s
+    for k, eqn in self.bodies:
+      out[k] = eqn_seconds(eqn, profile, fused=fused)
+    return out
+
+
+def op_costs(eqns: Sequence[_compat.JaxprEqn]) -> OpCosts:
+  """The :class:`OpCosts` of a program's equations, in program order."""
+  flops, nbytes, matrix, half, bodies = [], [], [], [], []
+  for k, eqn in enumerate(eqns):
+    facts = primitives.eqn_facts(eqn)
+    if facts.body is not Body.COMBINER and _compat.sub_jaxprs(eqn):
+      bodies.append((k, eqn))
+    flops.append(eqn_flops(eqn))
+    nbytes.append(eqn_bytes(eqn))
+    matrix.append(facts.matrix_unit)
+    half.append(facts.matrix_unit
+                and str(getattr(eqn.invars[0].aval, "dtype", "")) in HALF_DTYPES)
+  return OpCosts(np.asarray(flops, np.float64), np.asarray(nbytes, np.float64),
+                 np.asarray(matrix, bool), np.asarray(half, bool), tuple(bodies))
+
+
+__all__ = ["OpCosts", "eqn_bytes", "eqn_flops", "eqn_seconds", "op_costs"]

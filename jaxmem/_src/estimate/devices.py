@@ -1,0 +1,250 @@
+"""Device profiles: what the planners and the simulator need to price a step on a device.
+
+Profiles carry vendor figures (cited beside each) of the GPUs the papers
+measured on and of current ones; the ``cpu`` profile is static by default or
+measured on the running machine (:func:`calibrate_cpu`). Papers are cited by
+their short names; the bibliography is in ``docs/design.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+import jax
+import jax.numpy as jnp
+
+from jaxmem._src.native import ops as native_ops
+
+HALF_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+  """What the planners and the simulator need to price a step on a device.
+
+  The first three fields are what a planner needs to weigh recomputation
+  against copies; the rest make the roofline
+  (:func:`jaxmem._src.estimate.cost.eqn_seconds`).
+
+  Attributes:
+    name: profile name.
+    flops_per_s: dense matmul/convolution rate for float32 operands as JAX
+      runs them by default (TF32 tensor cores where the GPU has them).
+    host_bytes_per_s: achievable device<->host copy bandwidth, one direction.
+    half_flops_per_s: dense matmul rate for bfloat16/float16 operands.
+    vector_flops_per_s: rate of everything else (elementwise, reductions).
+    memory_bytes_per_s: device memory bandwidth.
+    memory_bytes: device memory capacity.
+    op_overhead_s: fixed cost per executed op (kernel launch, dispatch).
+    duplex: device->host and host->device copies run at full rate at once.
+    source: where the figures come from.
+  """
+  name: str
+  flops_per_s: float
+  host_bytes_per_s: float
+  half_flops_per_s: float | None = None
+  vector_flops_per_s: float | None = None
+  memory_bytes_per_s: float | None = None
+  memory_bytes: int | None = None
+  op_overhead_s: float = 0.0
+  duplex: bool = True
+  source: str = ""
+
+  def matmul_rate(self, dtype: str) -> float:
+    if dtype in HALF_DTYPES and self.half_flops_per_s:
+      return self.half_flops_per_s
+    return self.flops_per_s
+
+  @property
+  def vector_rate(self) -> float:
+    return self.vector_flops_per_s or self.flops_per_s / 8
+
+  def copy_seconds(self, nbytes: float) -> float:
+    """Seconds to copy ``nbytes`` between device and host (one direction)."""
+    return nbytes / self.host_bytes_per_s
+
+
+_GiB = 1 << 30
+
+# Vendor figures (dense, no sparsity). Host links are PCIe unless noted; the
+# achievable rate is taken as 80% of the link's theoretical per-direction rate.
+PROFILES: Mapping[str, DeviceProfile] = MappingProxyType({
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): TF32 494.7, BF16 989.4,
+    # FP32 66.9 TFLOP/s (dense), HBM3 3.35 TB/s, 80 GB, PCIe Gen5 x16 64 GB/s.
+    "h100-sxm": DeviceProfile("h100-sxm", 494.7e12, 0.8 * 64e9, 989.4e12, 66.9e12, 3.35e12,
+                              80 * 10**9, 4e-6, True,
+                              "NVIDIA H100 datasheet (SXM5); PCIe Gen5 x16"),
+    # Same datasheet (PCIe card): TF32 378, BF16 756, FP32 51.2 TFLOP/s,
+    # HBM2e 2.0 TB/s, 80 GB, PCIe Gen5 x16.
+    "h100-pcie": DeviceProfile("h100-pcie", 378e12, 0.8 * 64e9, 756e12, 51.2e12, 2.0e12,
+                               80 * 10**9, 4e-6, True,
+                               "NVIDIA H100 datasheet (PCIe); PCIe Gen5 x16"),
+    # NVIDIA A100 Tensor Core GPU datasheet (40GB SXM4): TF32 156, BF16 312,
+    # FP32 19.5 TFLOP/s, HBM2 1.555 TB/s, PCIe Gen4 x16 32 GB/s.
+    "a100-40g": DeviceProfile("a100-40g", 156e12, 0.8 * 32e9, 312e12, 19.5e12, 1.555e12,
+                              40 * 10**9, 5e-6, True,
+                              "NVIDIA A100 datasheet (40GB SXM4); PCIe Gen4 x16"),
+    # The machine of Hayakawa et al.'s window-based out-of-core training: Tesla
+    # V100 16 GB (SXM2) on IBM POWER9 with two NVLink 2.0 links to the CPU,
+    # "each can transfer memory at 50GB/s" (§5).
+    # V100 datasheet: FP32 15.7 TFLOP/s (no TF32), FP16 tensor 125, HBM2 900 GB/s.
+    "v100": DeviceProfile("v100", 15.7e12, 0.8 * 2 * 25e9, 125e12, 15.7e12, 900e9, 16 * _GiB,
+                          5e-6, True,
+                          "NVIDIA V100 datasheet (SXM2 16GB); 2x NVLink 2.0 to POWER9 "
+                          "(Hayakawa et al.)"),
+    # The GPU of the DQN planner and of SmartPool/AutoSwap (Zhang et al.):
+    # GeForce GTX 1080 Ti, 11 GB. NVIDIA specs: FP32 11.34 TFLOP/s (no tensor
+    # cores), GDDR5X 484 GB/s, PCIe Gen3 x16 (16 GB/s).
+    "gtx-1080ti": DeviceProfile("gtx-1080ti", 11.34e12, 0.8 * 16e9, 11.34e12, 11.34e12, 484e9,
+                                11 * _GiB, 5e-6, True,
+                                "NVIDIA GTX 1080 Ti specs; PCIe Gen3 x16 (DQN planner, "
+                                "SmartPool/AutoSwap)"),
+    # Layrub's (Jin et al.) and vDNN's (Rhu et al.) GPU: Tesla K40, 12 GB,
+    # "single precision throughput of 5 TFLOPS, memory bandwidth (max 288
+    # GB/sec)", PCIe gen3 "maximum 16 GB/sec" (vDNN §5). One copy engine
+    # direction at a time is not modelled: K40 has two copy engines.
+    "k40": DeviceProfile("k40", 5.0e12, 0.8 * 16e9, 5.0e12, 5.0e12, 288e9, 12 * _GiB, 5e-6, True,
+                         "Tesla K40 as quoted by Layrub and vDNN; PCIe Gen3 x16"),
+})
+
+# The default ``cpu`` profile: a 2-core x86 VM, FP32 GEMM ~50 GFLOP/s, memcpy
+# ~10 GB/s (calibrate_cpu on this machine measures 2-4x faster matmuls).
+STATIC_CPU = DeviceProfile("cpu", 5e10, 1e10, 5e10, 5e9, 1e10, None, 2e-6, False,
+                           "static default (JAXMEM_CPU_PROFILE=measured measures instead)")
+
+
+def _cache_path() -> str:
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  key = f"{platform.node()}-{os.cpu_count()}-jax{jax.__version__}".replace(os.sep, "_")
+  return os.path.join(base, "jaxmem", f"cpu-profile-{key}.json")
+
+
+def calibrate_cpu(*, repeats: int = 5, cache: bool = True) -> DeviceProfile:
+  """Measures this machine's CPU profile (matmul rate, vector rate, memory and copy bandwidth).
+
+  Times, with ``jax.jit`` on the default CPU backend, a 1024x1024 float32
+  matmul (dense rate), an elementwise ``x * y + x`` over 16 MiB (memory
+  bandwidth; its FLOPs give the vector rate) and a native host-store round
+  trip of 32 MiB (the copy jaxmem's offload performs). Best of ``repeats``.
+  The result is cached per machine and JAX version under
+  ``~/.cache/jaxmem`` so that plans are reproducible on one machine; pass
+  ``cache=False`` to measure again.
+
+  Example:
+    >>> prof = calibrate_cpu(cache=False)
+    >>> prof.flops_per_s > 1e8 and prof.host_bytes_per_s > 1e8
+    True
+  """
+  path = _cache_path()
+  if cache and os.path.exists(path):
+    try:
+      data = json.loads(open(path).read())
+      return DeviceProfile(**data)
+    except (OSError, ValueError, TypeError):
+      pass
+
+  def best(fn: Callable[[], jax.Array]) -> float:
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(fn())
+      times.append(time.perf_counter() - t)
+    return min(times)
+
+  a = jnp.ones((1024, 1024), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  flops = 2.0 * 1024 ** 3 / best(lambda: matmul(a))
+  n = 4 * 1024 * 1024
+  x = jnp.ones((n,), jnp.float32)
+  y = jnp.full((n,), 2.0, jnp.float32)
+  fma = jax.jit(lambda x, y: x * y + x)
+  t = best(lambda: fma(x, y))
+  mem_bw = 3 * 4 * n / t
+  vec = 2.0 * n / t
+  buf = jnp.ones((8 * 1024 * 1024,), jnp.float32)
+  rt = jax.jit(lambda b: native_ops.fetch(native_ops.offload(b), b[:1]))
+  copy_bw = 2 * buf.nbytes / best(lambda: rt(buf))   # a D2H and an H2D copy
+  prof = DeviceProfile("cpu", flops, copy_bw, flops, vec, mem_bw, None, 2e-6, False,
+                       "measured by jaxmem._src.estimate.devices.calibrate_cpu on "
+                       f"{time.strftime('%Y-%m-%d')}")
+  if cache:
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w") as f:
+        json.dump(dataclasses.asdict(prof), f)
+    except OSError:
+      pass
+  return prof
+
+
+def cpu_profile() -> DeviceProfile:
+  """The ``cpu`` profile.
+
+  Fixed figures (:data:`STATIC_CPU`) unless ``JAXMEM_CPU_PROFILE=measured``,
+  which measures this machine once (see :func:`calibrate_cpu`, cached on
+  disk). The planners' choices depend on the ratio of compute to copy speed,
+  so the measured profile is opt-in until the planners are evaluated with it.
+  """
+  if os.environ.get("JAXMEM_CPU_PROFILE", "static").lower() != "measured":
+    return STATIC_CPU
+  return _measured_cpu()
+
+
+@functools.cache
+def _measured_cpu() -> DeviceProfile:
+  """:func:`calibrate_cpu` once per process (it reads its disk cache after the first run)."""
+  return calibrate_cpu()
+
+
+# `jax.Device.device_kind` substrings -> profile, most specific first.
+_KINDS = (("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100-40g"),
+          ("v100", "v100"), ("1080 ti", "gtx-1080ti"), ("k40", "k40"))
+
+
+def profile_for_kind(kind: str) -> str:
+  """The profile name for a ``jax.Device.device_kind`` (``"NVIDIA H100 PCIe"`` -> ``h100-pcie``).
+
+  Unknown accelerators get ``h100-sxm``; pass ``device=`` to price for another.
+
+  Example:
+    >>> profile_for_kind("NVIDIA H100 PCIe"), profile_for_kind("Tesla V100-SXM2-16GB")
+    ('h100-pcie', 'v100')
+  """
+  k = kind.lower()
+  return next((name for key, name in _KINDS if key in k), "h100-sxm")
+
+
+#: What a ``device=`` argument takes: a profile name, a profile, or None (the backend's).
+DeviceLike = str | DeviceProfile | None
+
+
+def device_profile(device: DeviceLike) -> DeviceProfile:
+  """Looks up a device profile by name (default: the current JAX backend).
+
+  Names: ``cpu`` (see :func:`cpu_profile`), ``h100-sxm``, ``h100-pcie``,
+  ``a100-40g``, ``v100``, ``gtx-1080ti``, ``k40``.
+
+  Example:
+    >>> device_profile("k40").memory_bytes_per_s
+    288000000000.0
+  """
+  if isinstance(device, DeviceProfile):
+    return device
+  if device is None:
+    device = "cpu" if jax.default_backend() == "cpu" else profile_for_kind(
+        jax.devices()[0].device_kind)
+  if device == "cpu":
+    return cpu_profile()
+  try:
+    return PROFILES[device]
+  except KeyError:
+    raise ValueError(f"`device`={device!r} is not a known profile; use one of "
+                     f"{sorted(['cpu', *PROFILES])} or pass a `jaxmem.DeviceProfile`.") from None

@@ -1,0 +1,314 @@
+"""What XLA does with the buffers: fusion, layout copies, expansions, CSE and scheduling.
+
+The estimate must describe the compiled program, not the jaxpr. The effects
+that dominate on the models we measure (XLA:CPU, jax 0.10.2; ``docs/design.md``,
+"What XLA does behind the plan's back"):
+
+* **Fusion.** Elementwise ops are fused into their consumers, so their results
+  are never stored: a value whose producer is fusible and whose consumers are
+  all fusible is *virtual*, and its inputs stay alive until its last use
+  instead (:mod:`jaxmem._src.estimate.lifetimes`). XLA duplicates cheap
+  producers into every consumer, however far apart: a ReLU mask kept for the
+  backward pass is recomputed there from its float input, which is what stays
+  alive. Expensive ops (exp, tanh, divide...) are fused only into a single
+  consumer. The fusion class of each primitive is in the registry
+  (:class:`~jaxmem._src.ir.primitives.Fusion`); :func:`op_fusion_kind` refines
+  it by where a result is used.
+* **Layout copies.** A convolution whose operand is not in the backend's native
+  layout gets a transposed copy of it (on the CPU the weight-gradient
+  convolution transposes both its input and its output gradient).
+* **Expansions.** ``select_and_scatter_add`` (max-pool gradient) is expanded on
+  the CPU into index arrays of the operand's shape per dimension, hoisted to the
+  program start, plus a zeroed output and the reduce-window index outputs.
+* **Stored broadcasts** (:func:`shared_broadcasts`), **constants hoisted to the
+  program start** (:func:`hoisted_constants`, :func:`hoisted_scalar_broadcasts`),
+  **common-subexpression elimination** (:func:`cse_keys`) and **the optimizer
+  update scheduled as early as its gradient** (:func:`movable_ops`).
+
+:func:`op_memory_model` gathers the per-op part into one :class:`OpMemory` per op.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxmem._src import _compat
+from jaxmem._src.ir import primitives, substitutions
+from jaxmem._src.ir.primitives import Fusion
+from jaxmem._src.ir.program import Op, Phase, Program
+
+
+class OpMemory(NamedTuple):
+  """What XLA adds to one op's own inputs and outputs.
+
+  Attributes:
+    kind: how the op fuses (:func:`op_fusion_kind`).
+    transient: bytes live only while it runs (layout copies, expansions, the
+      working set inside a block).
+    hoisted: bytes live from the program start until it runs (index arrays,
+      constant broadcasts XLA builds up front).
+    shared: ``(input position, bytes)`` of operands XLA broadcasts into a
+      stored buffer (:func:`shared_broadcasts`).
+  """
+  kind: Fusion
+  transient: int
+  hoisted: int
+  shared: tuple[tuple[int, int], ...]
+
+
+#: A value of :func:`cse_keys`: what XLA's CSE compares besides the operands.
+CseKey = tuple[str, str, tuple[tuple[int, str], ...], tuple[str, ...]]
+
+
+def _nbytes(aval: _compat.AbstractValue) -> int:
+  return _compat.aval_nbytes(aval)
+
+
+def _native_spec(n: int, kind: str) -> tuple[int, ...]:
+  spatial = tuple(range(1, n - 1)) if kind != "rhs" else tuple(range(0, n - 2))
+  if kind == "rhs":
+    return (n - 1, n - 2) + spatial     # HWIO: out features last, in features before
+  return (0, n - 1) + spatial           # NHWC: batch first, features last
+
+
+def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False) -> tuple[int, int]:
+  """``(transient, hoisted)`` bytes XLA adds for ``eqn`` beyond its inputs and outputs.
+
+  ``transient`` is live only while the op runs; ``hoisted`` is live from the
+  program start until the op (index arrays XLA builds once, up front).
+  """
+  name = eqn.primitive.name
+  if backend != "cpu":
+    return 0, 0
+  if name == "conv_general_dilated":
+    dn = eqn.params["dimension_numbers"]
+    n = len(eqn.invars[0].aval.shape)
+    extra = 0
+    if tuple(dn.lhs_spec) != _native_spec(n, "lhs"):
+      extra += _nbytes(eqn.invars[0].aval)
+    if tuple(dn.rhs_spec) != _native_spec(n, "rhs"):
+      extra += _nbytes(eqn.invars[1].aval)
+    if tuple(dn.out_spec) != _native_spec(n, "out"):
+      extra += _nbytes(eqn.outvars[0].aval)
+    return extra, 0
+  if name == "select_and_scatter_add":
+    source, operand = eqn.invars[0].aval, eqn.invars[1].aval
+    if substituted:
+      # reshape + argmax + select: a transposed copy of the operand and the
+      # scattered result before its inverse transpose.
+      return 2 * _nbytes(operand), 0
+    elems = int(np.prod(operand.shape)) if operand.shape else 1
+    src_elems = int(np.prod(source.shape)) if source.shape else 1
+    rank = len(operand.shape)
+    hoisted = rank * elems * 4                      # s32 iotas, one per dimension
+    transient = _nbytes(operand) + (rank + 1) * src_elems * 4
+    return transient, hoisted
+  return 0, 0
+
+
+def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ...]:
+  """Per op, ``(input position, bytes)`` of operands XLA broadcasts into a stored buffer.
+
+  jax lets elementwise ops broadcast size-1 dimensions (``x[B,H,L,L] /
+  s[B,H,L,1]``); XLA makes each such broadcast an explicit HLO ``broadcast``.
+  When the same broadcast is read in the forward pass and again in the
+  backward pass (the softmax denominator, LayerNorm's ``rsqrt`` and scale),
+  CSE leaves one full-size broadcast, and on the CPU it is stored because the
+  backward consumer is a YNNPACK fusion, which cannot fuse a broadcast
+  (measured on the GPT example: one [B,H,L,L] buffer per attention layer and
+  two [B,L,D] per LayerNorm, live from the forward use to the backward one).
+  Values XLA computes from constants (masks from ``iota``) are excluded: they
+  are recomputed, not kept.
+
+  The estimator charges each such ``(value, broadcast size)`` pair once, from
+  its first reader to its last (:class:`~jaxmem._src.estimate.lifetimes.Flow`).
+  """
+  if program.backend != "cpu":
+    return tuple(() for _ in program.ops)
+  readers: dict[tuple[int, int], set[str]] = {}
+  cands: list[list[tuple[int, int, int]]] = []
+  for op in program.ops:
+    found = []
+    if primitives.facts(op.primitive).fuses_as_elementwise and op.outputs:
+      out = program.vars[op.outputs[0]]
+      for pos, x in enumerate(op.inputs):
+        if not isinstance(x, int) or program.constant_like[x]:
+          continue
+        v = program.vars[x]
+        size = int(np.prod(v.shape)) if v.shape else 1
+        if size > 1 and v.nbytes < out.nbytes and len(v.shape) == len(out.shape):
+          # bytes of the broadcast in the operand's own dtype
+          nbytes = v.nbytes * (int(np.prod(out.shape)) // size)
+          found.append((pos, x, nbytes))
+          readers.setdefault((x, nbytes), set()).add(op.phase.value)
+    cands.append(found)
+  return tuple(tuple((pos, b) for pos, x, b in found
+                     if {"forward", "backward"} <= readers[(x, b)]) for found in cands)
+
+
+def stored_broadcast_spans(ops: tuple[Op, ...],
+                           memory: tuple[OpMemory, ...]) -> list[tuple[int, int, int, int]]:
+  """``(value id, bytes, first reader, last reader)`` of the broadcasts XLA stores.
+
+  The unplanned program's view of :func:`shared_broadcasts` (``memory`` is
+  its :func:`op_memory_model`): one entry per broadcast of a value that is
+  read at two or more program points (a single reader fuses it, nothing is
+  stored).
+  """
+  span: dict[tuple[int, int], list[int]] = {}
+  for op, model in zip(ops, memory):
+    for pos, b in model.shared:
+      span.setdefault((op.inputs[pos], b), [op.index, op.index])[1] = op.index
+  return [(v, b, s, e) for (v, b), (s, e) in span.items() if e > s]
+
+
+def hoisted_scalar_broadcasts(program: Program) -> tuple[int, ...]:
+  """Per op, bytes of constant broadcasts XLA:CPU builds at the program start for it.
+
+  An elementwise op with a scalar constant operand (``relu``'s ``max(x, 0)``)
+  fused with an avg_pool's ``reduce_window_sum`` into a YNNPACK fusion
+  (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.ynn_window`) gets that
+  scalar as a materialized full-size broadcast, which XLA schedules at the
+  start of the program and keeps until the fusion runs (measured on a
+  BatchNorm CNN: one buffer of the ReLU's output size per pooling layer).
+  """
+  out = [0] * program.num_ops
+  if program.backend != "cpu":
+    return tuple(out)
+  for op in program.ops:
+    if not primitives.facts(op.primitive).ynn_window:
+      continue
+    for x in op.input_ids():
+      d = program.vars[x].defined_by
+      if d < 0:
+        continue
+      producer = program.ops[d]
+      if not primitives.facts(producer.primitive).fuses_as_elementwise:
+        continue
+      if any((not isinstance(y, int) or (program.constant_like[y] and not program.vars[y].shape))
+             for y in producer.inputs) and len(producer.inputs) > 1:
+        out[op.index] += program.vars[x].nbytes
+  return tuple(out)
+
+
+def op_fusion_kind(program: Program, op: Op) -> Fusion:
+  """The registry's fusion class of ``op`` refined by where its result is used in ``program``.
+
+  * Views that write a new buffer layout (``concatenate``, ``pad``, ``stack``)
+    fuse into elementwise and reduction consumers like any cheap producer, but
+    a library call (a dot, a convolution) reads a stored operand: on the CPU
+    they are cheap producers, stored unless every consumer fuses them
+    (measured on DenseNet-BC, where the concatenated features are read by
+    BatchNorm's statistics and the next layer: estimate -10.7% -> -1.4% of
+    the compiled peak, and on the char-LSTM and UNet, whose XLA buffer
+    assignments hold the ``concatenate``/``stack`` results).
+  * A broadcast of a non-scalar value used both by the forward pass and by the
+    backward pass is stored: XLA:CPU hands the backward consumer (a product
+    feeding a reduction, or the softmax-denominator divide) to a YNNPACK
+    fusion, which cannot fuse a broadcast, so CSE keeps one materialized
+    broadcast for both phases (measured on the GPT example's softmax and
+    LayerNorm).
+  """
+  facts = primitives.facts(op.primitive)
+  if facts.moves_data and program.backend == "cpu":
+    return Fusion.CHEAP
+  if op.primitive == "broadcast_in_dim" and program.backend == "cpu":
+    ins = op.input_ids()
+    if (ins and not program.constant_like[ins[0]] and program.vars[ins[0]].shape
+        and program.vars[ins[0]].nbytes < program.vars[op.outputs[0]].nbytes):
+      phases = {program.ops[u].phase for u in program.vars[op.outputs[0]].uses}
+      if Phase.BACKWARD in phases and op.phase is Phase.FORWARD:
+        return Fusion.MATERIALIZED
+  return facts.fusion
+
+
+def op_memory_model(program: Program, *, planned: bool) -> tuple[OpMemory, ...]:
+  """Per op, its :class:`OpMemory`.
+
+  ``planned``: describe the op as a planned schedule runs it, i.e. by its
+  lowering substitution where one applies
+  (:mod:`jaxmem._src.ir.substitutions`); otherwise as plain ``jax.jit``
+  compiles it. On a sharded program the hidden bytes are this device's share.
+  """
+  out = []
+  shared = shared_broadcasts(program)
+  scalar_hoists = hoisted_scalar_broadcasts(program)
+  for op, sh, sc in zip(program.ops, shared, scalar_hoists):
+    subst = planned and substitutions.applies(op.eqn)
+    kind = Fusion.MATERIALIZED if subst else op_fusion_kind(program, op)
+    t, h = hidden_bytes(op.eqn, program.backend, substituted=subst)
+    h += sc
+    if program.device_fraction is not None:   # sharded: this device's share
+      fraction = program.device_fraction[op.index]
+      t, h = int(t * fraction), int(h * fraction)
+    out.append(OpMemory(kind, t + op.transient_bytes, h, sh))
+  return tuple(out)
+
+
+def cse_keys(program: Program) -> tuple[CseKey | None, ...]:
+  """Per op, what XLA's common-subexpression elimination compares, or ``None``.
+
+  XLA merges instructions with the same opcode, attributes and operands
+  (HLO CSE), so an op repeated on the same inputs is computed and stored
+  once. flax's ``OptimizedLSTMCell`` concatenates its gate kernels at every
+  time step: the jaxpr has one ``[hidden, 4*hidden]`` copy per step, XLA's
+  buffer assignment one (measured on the char-LSTM example). The key holds
+  the primitive and its parameters;
+  :func:`~jaxmem._src.estimate.lifetimes.estimate` adds the operands. Ops
+  with bodies, effects or random bits are never merged
+  (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.cse`).
+  """
+  keys: list[CseKey | None] = []
+  for op in program.ops:
+    eqn = op.eqn
+    if (eqn.effects or not op.outputs or not primitives.facts(op.primitive).cse
+        or _compat.sub_jaxprs(eqn)):
+      keys.append(None)
+      continue
+    try:
+      params = repr(sorted(eqn.params.items()))
+      # literals with their positions: `x - 1` and `1 - x` read the same values
+      literals = tuple((i, repr(x)) for i, x in enumerate(op.inputs) if not isinstance(x, int))
+    except Exception:  # noqa: BLE001 (a param without a stable repr: do not merge)
+      keys.append(None)
+      continue
+    keys.append((op.primitive, params, literals,
+                 tuple(str(program.vars[o].aval) for o in op.outputs)))
+  return tuple(keys)
+
+
+def hoisted_constants(program: Program) -> frozenset[int]:
+  """Constant-like values XLA computes at the program start.
+
+  Measured on XLA:CPU: a constant operand of a library call (``x @ ones``, the
+  cotangent broadcast of a ``sum`` feeding a matmul) is scheduled first and
+  lives until its use; constants feeding fusions or scatters are created next
+  to their consumer (or fused away). ``select_and_scatter``'s hoisted index
+  arrays are charged by its own rule (:func:`hidden_bytes`).
+  """
+  return frozenset(
+      v.id for v in program.vars
+      if program.constant_like[v.id] and not v.is_input and any(
+          primitives.facts(program.ops[u].primitive).matrix_unit for u in v.uses))
+
+
+def movable_ops(program: Program) -> tuple[bool, ...]:
+  """Ops XLA may run as soon as their inputs exist: the update after the backward pass.
+
+  Ops after the last backward op that are not part of the backward pass (the
+  optimizer's per-parameter arithmetic); see
+  :func:`~jaxmem._src.estimate.lifetimes.estimate`.
+  """
+  backward = [op.index for op in program.ops if op.phase is Phase.BACKWARD]
+  if not backward:
+    return (False,) * program.num_ops
+  last = backward[-1]
+  return tuple(op.index > last and op.phase is Phase.OTHER and not op.eqn.effects
+               for op in program.ops)
+
+
+__all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes", "hoisted_constants",
+           "hoisted_scalar_broadcasts", "movable_ops", "op_fusion_kind", "op_memory_model",
+           "shared_broadcasts", "stored_broadcast_spans"]

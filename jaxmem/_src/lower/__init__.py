@@ -1,0 +1,1 @@
+"""Layer 5, lowering: rewrite backends that turn a planned schedule into a program XLA compiles."""

@@ -1,0 +1,69 @@
+"""Rewrite backends: how a planned schedule becomes a program XLA compiles.
+
+A :class:`Backend` turns a :class:`~jaxmem._src.plan.schedule.Schedule` into
+``f(*flat_args) -> flat_outputs``, a JAX function of the step's flat arguments
+that runs the schedule; :func:`jit_plan` wraps it as a ``jax.jit`` step with
+the original step's argument and result structure. Today one backend, ``ffi``
+(:mod:`jaxmem._src.lower.ffi`: our own fence and host-copy ops); a backend in
+JAX's own terms (``jax.checkpoint`` regions, host memory kinds) implements the
+same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import jax
+
+from jaxmem._src.lower.ffi import FfiBackend
+from jaxmem._src.plan.plan import Plan
+from jaxmem._src.plan.schedule import Schedule
+
+
+class Backend(Protocol):
+  """Expresses a planned schedule as a JAX function of the step's flat arguments."""
+  name: str
+
+  def step_function(self, schedule: Schedule) -> Callable[..., list[jax.Array]]: ...
+
+
+#: The backends by name.
+BACKENDS: Mapping[str, Backend] = MappingProxyType({"ffi": FfiBackend()})
+
+
+def get_backend(backend: str | Backend) -> Backend:
+  """Looks up a backend by name, or returns a backend object unchanged."""
+  if not isinstance(backend, str):
+    return backend
+  try:
+    return BACKENDS[backend]
+  except KeyError:
+    raise ValueError(f"`backend`={backend!r} is not a known backend; use one of "
+                     f"{sorted(BACKENDS)}.") from None
+
+
+def jit_plan(plan: Plan, *, donate_argnums: Sequence[int] = (),
+             compiler_options: Mapping[str, Any] | None = None,
+             backend: str | Backend = "ffi") -> Any:
+  """``jax.jit`` of the step rewritten by ``plan``, taking the step's (dynamic) arguments.
+
+  Returns:
+    The jitted function (``.lower(*args).compile()`` as usual).
+  """
+  program = plan.program
+  if program.out_tree is None:
+    raise ValueError("this program was built from a jaxpr traced elsewhere (no output "
+                     "structure): it cannot be rewritten. Analyze the step function instead.")
+  run = get_backend(backend).step_function(plan.schedule())
+  out_tree = program.out_tree
+
+  def planned(*dyn: Any) -> Any:
+    return jax.tree_util.tree_unflatten(out_tree, run(*jax.tree_util.tree_leaves(dyn)))
+
+  return jax.jit(planned, donate_argnums=tuple(donate_argnums),
+                 compiler_options=dict(compiler_options) if compiler_options else None)
+
+
+__all__ = ["BACKENDS", "Backend", "get_backend", "jit_plan"]

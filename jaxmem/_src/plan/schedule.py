@@ -1,0 +1,641 @@
+"""Schedule: a program with a plan applied, as a flat list of steps.
+
+The planner prices a schedule with the same lifetime rule as the report, and
+the backends (:mod:`jaxmem._src.lower`) execute exactly this list, so the
+estimate describes the program that is compiled.
+
+Placement (``docs/design.md``, "The plan"): an offload is issued right after the last use
+before the gap; its fetch, and a remat's fences and recomputation, are issued
+just before the next use. Fetches and fences take a ``dep`` operand — the most
+recently produced input of that next use — so XLA can neither hoist them (nor
+CSE a recomputation with the forward pass) above the point where they are needed.
+
+Copies are synchronous (``copies="sync"``: one ``offload`` and one ``fetch``
+custom call each) or windowed (``copies="async"``, :func:`async_copies`): each
+becomes a start and a done whose distance is the window in which the copy
+overlaps computation, placed after Hayakawa et al.'s window-based scheduling
+(*Out-of-core training for extremely large-scale neural networks with adaptive
+window-based scheduling*, §3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from jaxmem._src import _compat
+from jaxmem._src.estimate import lifetimes
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.ir.primitives import Fusion
+from jaxmem._src.plan.decisions import Action, Decision
+
+HANDLE_BYTES = 8
+# Ops computed from literals only that are at least this large get their
+# literals fenced (see Step.literal_dep): XLA would hoist or CSE them.
+DECORRELATE_MIN_BYTES = 64 * 1024
+
+
+#: ``copies=`` values: one blocking custom call per copy, or a start and a done.
+COPY_MODES = ("sync", "async")
+CopyMode = Literal["sync", "async"]
+#: An asynchronous copy's window: ``int`` bytes, ``float`` a multiple of the
+#: bytes copied, ``None`` the default (:data:`DEFAULT_WINDOW`).
+Window = int | float | None
+#: Default window of an asynchronous copy, as a multiple of the bytes it moves
+#: (see :func:`async_copies`).
+DEFAULT_WINDOW = 1.0
+
+
+class StepKind(str, enum.Enum):
+  COMPUTE = "compute"
+  OFFLOAD = "offload"
+  FETCH = "fetch"
+  FENCE = "fence"
+  PIN = "pin"
+  OFFLOAD_START = "offload_start"
+  OFFLOAD_DONE = "offload_done"
+  FETCH_START = "fetch_start"
+  FETCH_DONE = "fetch_done"
+
+
+#: Steps whose first output is their first input's buffer (an XLA alias): the
+#: input is live through the step, the output from the next one.
+ALIASING_KINDS = frozenset({StepKind.FETCH_DONE})
+#: Steps that move bytes between device and host.
+COPY_KINDS = frozenset({StepKind.OFFLOAD, StepKind.FETCH, StepKind.OFFLOAD_START,
+                        StepKind.OFFLOAD_DONE, StepKind.FETCH_START, StepKind.FETCH_DONE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One step of a schedule.
+
+  Attributes:
+    kind: compute / offload / fetch / fence / pin (a fence right after the
+      definition that makes XLA materialize this value instead of fusing its
+      producer into later consumers; see :func:`build_schedule`), or one half
+      of an asynchronous copy: offload_start ``(x) -> ticket``,
+      offload_done ``(x, ticket, dep) -> handle``, fetch_start
+      ``(handle, dep) -> (buf, ticket)``, fetch_done ``(buf, ticket, dep) -> x``.
+    anchor: position in the original program (half positions for inserted steps).
+    inputs: value ids (or literals) read.
+    outputs: value ids written.
+    op: for compute steps, the original op index.
+    var: the original variable moved, fenced or restored.
+    recompute: a remat re-execution of ``op``.
+    literal_dep: for a compute step of a large op computed from literals only
+      (a zeros broadcast, an iota), a value its literal operands are fenced
+      after. XLA would otherwise hoist it to the program start, or CSE it with
+      an identical op far earlier, and keep the buffer alive until this use.
+  """
+  kind: StepKind
+  anchor: float
+  inputs: tuple[int | _compat.Literal, ...]
+  outputs: tuple[int, ...]
+  op: int | None = None
+  var: int | None = None
+  recompute: bool = False
+  literal_dep: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyWindow:
+  """Where one asynchronous round trip of a value sits in a schedule.
+
+  A half that stayed synchronous has equal start and done indices (both the
+  index of its ``offload`` / ``fetch`` step).
+
+  Attributes:
+    var: the original variable copied.
+    nbytes: bytes copied each way.
+    offload_start, offload_done, fetch_start, fetch_done: step indices.
+    window_bytes: the window asked for (bytes of computed values).
+    offload_cover_bytes: bytes computed between offload_start and offload_done.
+    fetch_cover_bytes: bytes computed between fetch_start and fetch_done.
+    offload_budget_bound: the done was pulled in because keeping the source
+      longer would exceed the budget (Hayakawa et al. §3: swap-out completion
+      is bounded by the budget), not because the window was covered.
+    fetch_budget_bound: likewise for the fetch's start.
+  """
+  var: int
+  nbytes: int
+  offload_start: int
+  offload_done: int
+  fetch_start: int
+  fetch_done: int
+  window_bytes: int
+  offload_cover_bytes: int
+  fetch_cover_bytes: int
+  offload_budget_bound: bool
+  fetch_budget_bound: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+  """Steps plus the table of values they define.
+
+  ``value_var[i]`` is the original variable a value is a version of (``None``
+  for copy handles and tickets); values ``< len(program.vars)`` are the
+  originals. ``copies`` is ``"sync"`` or ``"async"``; ``windows`` lists the
+  asynchronous round trips.
+  """
+  program: AnalyzedProgram
+  steps: tuple[Step, ...]
+  value_var: tuple[int | None, ...]
+  outputs: tuple[int | _compat.Literal, ...]
+  copies: CopyMode = "sync"
+  windows: tuple[CopyWindow, ...] = ()
+
+  def value_bytes(self, vid: int) -> int:
+    var = self.value_var[vid]
+    return HANDLE_BYTES if var is None else self.program.vars[var].nbytes
+
+  def profile(self) -> lifetimes.Profile:
+    """Estimated live bytes per step (the last position is the exit), XLA model applied.
+
+    Fences, pins, offloads and fetches are custom calls: XLA stores what they
+    read and write, which is how a pin keeps a mask from being fused away. An
+    asynchronous copy's source is live until its offload_done (which reads
+    it) and its destination from its fetch_start (which writes it); the
+    aliased output of a fetch_done takes over its input's buffer from the
+    next step, so the bytes are not counted twice.
+    """
+    prog = self.program
+    model = prog.planned_memory
+    n = len(self.steps)
+    nvals = len(self.value_var)
+    start = [-1] * nvals
+    end = [-1] * nvals
+    for vid in (*prog.invars, *prog.consts):
+      start[vid] = 0
+    kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
+    hoist = set(prog.hoisted)
+    for i, st in enumerate(self.steps):
+      ins = [x for x in st.inputs if isinstance(x, int)]
+      for x in ins:
+        end[x] = i
+      for o in st.outputs:
+        start[o] = i
+        end[o] = max(end[o], i)
+      if st.kind in ALIASING_KINDS:
+        start[st.outputs[0]] = i + 1
+      t = h = 0
+      reads: list[tuple[int, int]] = []
+      if st.kind is StepKind.COMPUTE:
+        kind, t, h, sh = model[st.op]
+        reads = [(st.inputs[pos], b) for pos, b in sh]  # type: ignore[misc]
+        if st.literal_dep is not None:   # fenced literals: created where it stands
+          hoist.difference_update(st.outputs)
+      else:
+        kind = Fusion.MATERIALIZED
+      kinds.append(kind)
+      inputs.append(ins)
+      outputs.append(list(st.outputs))
+      transient.append(t)
+      hoisted.append(h)
+      shared.append(reads)
+    for vid in prog.invars:
+      if vid not in prog.donated or prog.vars[vid].is_output:
+        end[vid] = n
+    for vid in prog.consts:
+      end[vid] = n
+    outs = frozenset(x for x in self.outputs if isinstance(x, int))
+    for x in outs:
+      start[x] = 0   # reserved for the whole step, as memory_analysis() counts them
+      end[x] = n
+    materialized = frozenset(prog.invars) | frozenset(prog.consts) | outs
+    mv = prog.movable
+    movable = [st.kind is StepKind.COMPUTE and not st.recompute and mv[st.op] for st in self.steps]
+    # Original ops merge as XLA's CSE merges them; recomputations sit behind
+    # fences and are kept apart (see `fence_points`).
+    keys = prog.cse_keys
+    cse = [keys[st.op] if st.kind is StepKind.COMPUTE and not st.recompute else None
+           for st in self.steps]
+    flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
+                          [self.value_bytes(v) for v in range(nvals)], materialized,
+                          frozenset(hoist), shared, movable, cse)
+    return lifetimes.estimate(flow)[0]
+
+  def anchor_of(self, index: int) -> float:
+    return self.steps[index].anchor if index < len(self.steps) else float(self.program.num_ops)
+
+
+def choose_dep(program: AnalyzedProgram, before: int, exclude: set[int]) -> int | None:
+  """The original variable that orders a restore before op ``before``.
+
+  The most recently defined non-argument input of that op which is not itself
+  being restored there (typically the incoming gradient); ``None`` means "the
+  last value computed so far". Values computed from constants only are never
+  chosen: XLA hoists them to the start, and the copy would follow.
+  """
+  best, best_def = None, -1
+  for x in program.ops[before].input_ids():
+    v = program.vars[x]
+    if x in exclude or v.is_input or program.constant_like[x]:
+      continue
+    if v.defined_by > best_def:
+      best, best_def = x, v.defined_by
+  return best
+
+
+def fence_points(program: AnalyzedProgram, chain: Sequence[int]) -> list[int]:
+  """Values to fence so that every op of a remat ``chain`` runs after ``dep``.
+
+  Each op of the chain whose inputs all come from outside the chain gets one of
+  them fenced: an activation if it has one (fencing renames it, so the alias
+  costs no copy), else its smallest argument (XLA copies a fenced argument).
+  Every recomputed op then depends on a fence, so XLA can neither hoist it nor
+  CSE it with the forward pass. Ops with no array inputs (iota, constant
+  broadcasts) are left alone: merging those is harmless.
+  """
+  made = {o for k in chain for o in program.ops[k].outputs}
+  fenced: list[int] = []
+  for k in chain:
+    ins = program.ops[k].input_ids()
+    if not ins or any(x in made for x in ins) or any(x in fenced for x in ins):
+      continue
+    acts = [x for x in ins if not program.vars[x].is_input]
+    pick = (max(acts, key=lambda x: program.vars[x].nbytes) if acts else
+            min(ins, key=lambda x: program.vars[x].nbytes))
+    fenced.append(pick)
+  return fenced
+
+
+def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
+                   pinned: Sequence[int] = (), *, copies: CopyMode = "sync",
+                   window: Window = None,
+                   budget: int | None = None) -> Schedule:
+  """Applies ``decisions`` to ``program`` (see the module docstring).
+
+  With ``copies="async"`` the synchronous schedule is then rewritten by
+  :func:`async_copies` with ``window`` and ``budget``.
+
+  ``pinned`` variables get a fence right after their definition and later uses
+  read the fenced value. Without it XLA's fusion may duplicate a cheap producer
+  into a backward consumer and keep the producer's (larger) inputs alive
+  instead: a kept ``bool`` ReLU mask becomes its ``float32`` pre-activation, 4x
+  the bytes (Layrub §4.2's memory-efficient ReLU, enforced on the compiled
+  program).
+  """
+  pinned_set = set(pinned)
+  value_var: list[int | None] = list(range(len(program.vars)))
+  cur: list[int] = list(range(len(program.vars)))
+  steps: list[Step] = []
+  after: dict[int, list[Decision]] = {}
+  before: dict[int, list[Decision]] = {}
+  for d in decisions:
+    if d.action is Action.KEEP:
+      continue
+    before.setdefault(d.end, []).append(d)
+    if d.action is Action.OFFLOAD:
+      after.setdefault(d.start, []).append(d)
+  handles: dict[int, int] = {}
+  last_value: int | None = None
+
+  def fresh(var: int | None) -> int:
+    value_var.append(var)
+    return len(value_var) - 1
+
+  for op in program.ops:
+    i = op.index
+    restores = before.get(i, ())
+    if restores:
+      restored = {d.var for d in restores}
+      dep_var = choose_dep(program, i, restored)
+      anchor = i - 0.5
+      # What every restore here waits for (fetches leave it unchanged: it is
+      # never one of the restored values).
+      if dep_var is not None:
+        dep = cur[dep_var]
+      elif last_value is not None:
+        dep = cur[last_value]
+      else:
+        dep = cur[program.ops[i].input_ids()[0]]
+      # Fetches first: a remat chain may read a value fetched at the same point.
+      for d in restores:
+        if d.action is not Action.OFFLOAD:
+          continue
+        new = fresh(d.var)
+        steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
+        cur[d.var] = new
+      # All remats restored here share one recomputation: the union of their
+      # chains, run once in program order (a segment's residuals rebuilt from
+      # its checkpoint, Chen et al. 2016 §3, instead of one chain per value
+      # repeating the shared prefix). Program order is a topological order, and
+      # a chain that reads another restored value finds it made by the union.
+      remats = [d for d in restores if d.action is Action.REMAT]
+      if remats:
+        chain = sorted({k for d in remats for k in d.recompute})
+        fenced = fence_points(program, chain)
+        local: dict[int, int] = {}
+        for x in fenced:
+          new = fresh(x)
+          steps.append(Step(StepKind.FENCE, anchor, (cur[x], dep), (new,), var=x))
+          if program.vars[x].is_input:
+            local[x] = new   # a fenced argument is a copy: only the chain reads it
+          else:
+            cur[x] = new     # later uses read the fenced value, so the alias is free
+        owner = {program.vars[d.var].defined_by: d.var for d in remats}
+        for k in chain:
+          kop = program.ops[k]
+          ins = tuple(local.get(x, cur[x]) if isinstance(x, int) else x for x in kop.inputs)
+          outs = tuple(fresh(o) for o in kop.outputs)
+          local.update(zip(kop.outputs, outs))
+          steps.append(Step(StepKind.COMPUTE, anchor, ins, outs, op=k,
+                            var=owner.get(k, remats[0].var), recompute=True))
+        for d in remats:
+          cur[d.var] = local[d.var]
+    ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
+    literal_dep = None
+    if (op.outputs and program.constant_like[op.outputs[0]] and last_value is not None
+        and not op.input_ids()
+        and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES):
+      literal_dep = cur[last_value]
+    steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i, literal_dep=literal_dep))
+    if op.outputs and not program.constant_like[op.outputs[0]]:
+      last_value = op.outputs[0]
+    for o in op.outputs:
+      if o in pinned_set:
+        new = fresh(o)
+        steps.append(Step(StepKind.PIN, i + 0.25, (o,), (new,), var=o))
+        cur[o] = new
+    for d in after.get(i, ()):
+      h = fresh(None)
+      steps.append(Step(StepKind.OFFLOAD, i + 0.5, (cur[d.var],), (h,), var=d.var))
+      handles[id(d)] = h
+  outputs = tuple(cur[x] if isinstance(x, int) else x for x in program.outvars)
+  sched = Schedule(program, tuple(steps), tuple(value_var), outputs)
+  if copies not in COPY_MODES:
+    raise ValueError(f"`copies` must be one of {COPY_MODES}, got {copies!r}")
+  if copies == "async":
+    sched = async_copies(sched, window, budget)
+  return sched
+
+
+def window_bytes(window: Window, nbytes: int) -> int:
+  """The window of a copy of ``nbytes`` bytes: ``int`` bytes, or ``float`` x ``nbytes``."""
+  if window is None:
+    window = DEFAULT_WINDOW
+  if isinstance(window, bool) or not isinstance(window, (int, float)) or window < 0:
+    raise ValueError(f"`window` must be a non-negative int (bytes) or float (a multiple of "
+                     f"the bytes copied), got {window!r}")
+  return int(window) if isinstance(window, int) else int(window * nbytes)
+
+
+def _materialized_output(sched: Schedule, virtual: np.ndarray, index: int) -> int | None:
+  """A value computed by step ``index`` that XLA stores anyway (a safe ``dep``)."""
+  st = sched.steps[index]
+  if st.kind is not StepKind.COMPUTE:
+    return None
+  for o in st.outputs:
+    var = sched.value_var[o]
+    if var is not None and not virtual[o] and not sched.program.constant_like[var]:
+      return o
+  return None
+
+
+def async_copies(sched: Schedule, window: Window = None,
+                 budget: int | None = None) -> Schedule:
+  """Splits every offload/fetch of a synchronous schedule into a start and a done.
+
+  Placement follows Hayakawa et al. §3, with the paper's single
+  hyperparameter, a window measured in bytes over the value sequence:
+
+  * ``offload_start`` stays where the offload was (right after the last use
+    before the gap). ``offload_done`` goes as late as the window allows: after
+    the compute steps that follow have produced ``window`` bytes -- on the
+    paper's assumption that compute and copy times are both roughly
+    proportional to the bytes involved -- but no later than the first step
+    where keeping the source would push the estimated live bytes over
+    ``budget`` ("swap-out completion bounded by the budget").
+  * ``fetch_start`` looks ahead the same way: it is issued before the use by
+    as many steps as it takes to cover ``window`` computed bytes, again only
+    over steps where the extra destination buffer fits the budget, and never
+    before the offload's done. ``fetch_done`` stays where the fetch was,
+    right before the use.
+
+  The memory bound is the smaller of ``budget`` and the synchronous
+  schedule's own estimated peak: windows only use memory that is free under
+  the peak anyway, so the plan's estimate does not grow. Measured on the CPU,
+  a window that raises the peak costs more than its overlap saves: XLA:CPU
+  maps a fresh temp arena for every execution, and first-touch page faults
+  on the extra bytes (about 0.7 ms per MiB on our VMs) outweigh a memcpy
+  (about 0.08 ms per MiB).
+
+  ``window``: an ``int`` is a number of bytes (the paper's schedule-window); a
+  ``float`` is a multiple of the bytes the copy moves; ``None`` means
+  :data:`DEFAULT_WINDOW`. A half of a round trip whose window would hold no
+  computation (``window=0``, or the budget allows none) stays one synchronous
+  ``offload`` / ``fetch`` step: splitting it would only let XLA's scheduler
+  move the halves apart.
+  Windows are placed in offload order, each seeing the bytes the earlier
+  ones added. The offload_done reads the source (which is what keeps it
+  allocated) and a ``dep``, the latest value a compute step inside the window
+  stores anyway; the fetch_start's ``dep`` is the latest stored value inside
+  the window that the use itself is computed from (see ``ancestor_dep``), so
+  XLA cannot hoist the fetch, and its destination buffer, above the window.
+  Nothing after a done or a fetch_start needs its result soon, so each is
+  also pinned from above: a small input of the next compute step is fenced
+  on it (``pin_before``). The estimate is a model of XLA's schedule and
+  buffer packing: measured, the compiled peak with windows can still exceed
+  the synchronous one by part of a window (MLP, batch 65536, width 128,
+  budget 0.4: 198 -> 211 MiB), which ``jaxmem.fit`` verifies against the
+  budget like any other plan.
+
+  Args:
+    sched: a synchronous schedule (from :func:`build_schedule`).
+    window: see above.
+    budget: estimated live bytes the windows may not push a step above
+      (``None``: only the schedule's own peak bounds them).
+
+  Returns:
+    A new :class:`Schedule` with ``copies="async"`` and its :class:`CopyWindow` s.
+  """
+  steps = sched.steps
+  n = len(steps)
+  prof = sched.profile()
+  live = np.asarray(prof.live_bytes, dtype=np.int64)
+  virtual = prof.virtual if prof.virtual is not None else np.zeros(len(sched.value_var), bool)
+  produced = np.zeros(n, dtype=np.int64)
+  for i, st in enumerate(steps):
+    if st.kind is StepKind.COMPUTE:
+      produced[i] = sum(sched.value_bytes(o) for o in st.outputs if not virtual[o])
+  fetch_at = {st.inputs[0]: i for i, st in enumerate(steps) if st.kind is StepKind.FETCH}
+  extra = np.zeros(n + 1, dtype=np.int64)
+  value_var = list(sched.value_var)
+
+  def fresh(var: int | None) -> int:
+    value_var.append(var)
+    return len(value_var) - 1
+
+  # Windows fill the valleys under the plan's own peak: never above it, never
+  # above the budget (see the docstring).
+  cap = prof.peak_bytes if budget is None else min(int(budget), prof.peak_bytes)
+
+  def fits(p: int, nbytes: int) -> bool:
+    return live[p] + extra[p] + nbytes <= cap
+
+  def anchor_before(q: int) -> float:
+    lo = steps[q - 1].anchor if q > 0 else -1.0
+    hi = steps[q].anchor if q < n else float(sched.program.num_ops)
+    return (lo + hi) / 2
+
+  def dep_before(q: int, lo: int) -> int | None:
+    for p in range(q - 1, lo, -1):
+      dep = _materialized_output(sched, virtual, p)
+      if dep is not None:
+        return dep
+    return None
+
+  producer: dict[int, int] = {}
+  for i, st in enumerate(steps):
+    for o in st.outputs:
+      producer[o] = i
+
+  def ancestor_dep(value: int | _compat.Literal, r: int, lo: int) -> int | None:
+    """The latest stored value at a step in ``(lo, r]`` that ``value`` is computed from.
+
+    A fetch_start runs as early as XLA can schedule it after its ``dep``. A
+    value the use itself waits for (the fetch's own dep, typically the
+    incoming gradient, and its producers) is computed late in any order XLA
+    picks; an unrelated value from the same stretch (an optimizer update of
+    another layer) may be computed much earlier and drag the fetch, and its
+    destination buffer, up with it.
+    """
+    best = None
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+      v = stack.pop()
+      p = producer.get(v) if isinstance(v, int) else None
+      if p is None or p in seen or p <= lo:
+        continue
+      seen.add(p)
+      if p <= r and (best is None or p > best[0]):
+        dep = _materialized_output(sched, virtual, p)
+        if dep is not None:
+          best = (p, dep)
+      if best is not None and p < best[0]:
+        continue
+      stack.extend(x for x in steps[p].inputs if isinstance(x, int))
+    return None if best is None else best[1]
+
+  before: dict[int, list[Step]] = {}
+  replaced: dict[int, Step] = {}
+  renamed: dict[int, dict[int, int]] = {}   # step index -> {value: fenced value}
+
+  def pin_before(q: int, token: int, limit: int, nbytes: int) -> None:
+    """Orders the compute at or after step ``q`` (before ``limit``) after ``token``.
+
+    Nothing after a done or a fetch_start reads its output until much later,
+    so XLA is free to run it late (measured: it moved an offload_done past
+    the next layer's matmul, keeping the source alive over a 32 MiB result).
+    Fencing a small stored input of the next compute step on ``token`` makes
+    that step wait for it; the fence copies at most ``nbytes // 8`` bytes
+    (an argument, or a value read elsewhere, is copied; see ``fence_points``).
+    """
+    small = max(nbytes // 8, 1)
+    for p in range(q, limit):
+      st = steps[p]
+      if st.kind is not StepKind.COMPUTE:
+        continue
+      cands = [x for x in st.inputs if isinstance(x, int) and not virtual[x]
+               and sched.value_bytes(x) <= small and x not in renamed.get(p, {})]
+      if not cands:
+        continue
+      x = min(cands, key=sched.value_bytes)
+      fenced = fresh(value_var[x])
+      before.setdefault(p, []).append(
+          Step(StepKind.FENCE, anchor_before(p), (x, token), (fenced,), var=value_var[x]))
+      renamed.setdefault(p, {})[x] = fenced
+      return
+  pending: list[tuple[Step, Step, Step, Step, dict[str, int | bool]]] = []
+  for s_o, st in enumerate(steps):
+    if st.kind is not StepKind.OFFLOAD or st.outputs[0] not in fetch_at:
+      continue
+    handle = st.outputs[0]
+    s_f = fetch_at[handle]
+    fetch = steps[s_f]
+    nbytes = sched.value_bytes(st.inputs[0])
+    win = window_bytes(window, nbytes)
+    # Offload: the source stays allocated over steps s_o+1 .. q-1.
+    q, out_cover = s_o + 1, 0
+    while q < s_f and out_cover < win and fits(q, nbytes):
+      out_cover += int(produced[q])
+      q += 1
+    out_bound = q < s_f and out_cover < win and not fits(q, nbytes)
+    extra[s_o + 1:q] += nbytes
+    # Fetch: the destination is allocated over steps r+1 .. s_f-1 (r >= q-1).
+    r, in_cover = s_f - 1, 0
+    while r >= q and in_cover < win and fits(r, nbytes):
+      in_cover += int(produced[r])
+      r -= 1
+    in_bound = r >= q and in_cover < win and not fits(r, nbytes)
+    fetch_dep = fetch.inputs[1]
+    if r + 1 < s_f:
+      anchor_dep = ancestor_dep(fetch.inputs[1], r, q - 1)
+      if anchor_dep is None:  # nothing to hold the fetch at the window's start
+        r, in_cover, in_bound = s_f - 1, 0, False
+      else:
+        fetch_dep = anchor_dep
+    extra[r + 1:s_f] += nbytes
+    # A half whose window holds no computation gains nothing from being split
+    # and would only give XLA's scheduler freedom: it stays one synchronous op.
+    split_out = any(produced[s_o + 1:q])
+    split_in = any(produced[r + 1:s_f])
+    if not split_out:
+      extra[s_o + 1:q] -= nbytes
+      q = s_o + 1
+    if not split_in:
+      extra[r + 1:s_f] -= nbytes
+      r = s_f - 1
+    if not (split_out or split_in):
+      continue
+    ticket_out, ticket_in, buf = fresh(None), fresh(None), fresh(st.var)
+    start = Step(StepKind.OFFLOAD_START, st.anchor, (st.inputs[0],), (ticket_out,), var=st.var)
+    done_dep = dep_before(q, s_o)
+    done = Step(StepKind.OFFLOAD_DONE, anchor_before(q),
+                (st.inputs[0], ticket_out) + ((done_dep,) if done_dep is not None else ()),
+                (handle,), var=st.var)
+    fstart = Step(StepKind.FETCH_START, anchor_before(r + 1), (handle, fetch_dep),
+                  (buf, ticket_in), var=st.var)
+    fdone = Step(StepKind.FETCH_DONE, fetch.anchor, (buf, ticket_in, fetch.inputs[1]),
+                 fetch.outputs, var=st.var)
+    if split_out:
+      replaced[s_o] = start
+      before.setdefault(q, []).append(done)
+      pin_before(q, handle, s_f, nbytes)
+    else:
+      start = done = st
+    if split_in:
+      before.setdefault(r + 1, []).append(fstart)
+      replaced[s_f] = fdone
+      pin_before(r + 1, ticket_in, s_f, nbytes)
+    else:
+      fstart = fdone = fetch
+    pending.append((start, done, fstart, fdone, dict(
+        var=st.var, nbytes=nbytes, window_bytes=win, offload_cover_bytes=out_cover,
+        fetch_cover_bytes=in_cover, offload_budget_bound=out_bound,
+        fetch_budget_bound=in_bound)))
+  new_steps: list[Step] = []
+  index: dict[int, int] = {}
+  for i in range(n + 1):
+    for extra_step in before.get(i, ()):
+      index[id(extra_step)] = len(new_steps)
+      new_steps.append(extra_step)
+    if i < n:
+      step = replaced.get(i, steps[i])
+      if i in renamed:
+        step = dataclasses.replace(step, inputs=tuple(
+            renamed[i].get(x, x) if isinstance(x, int) else x for x in step.inputs))
+      index[id(step)] = len(new_steps)
+      new_steps.append(step)
+  windows = tuple(CopyWindow(offload_start=index[id(a)], offload_done=index[id(b)],
+                             fetch_start=index[id(c)], fetch_done=index[id(d)], **info)
+                  for a, b, c, d, info in pending)
+  return Schedule(sched.program, tuple(new_steps), tuple(value_var), sched.outputs, "async",
+                  windows)

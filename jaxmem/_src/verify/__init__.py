@@ -1,0 +1,1 @@
+"""Layer 6, verification: the compiled program's own memory figures."""
