@@ -238,8 +238,8 @@ def test_threads_share_the_arena(mode):
       for _ in range(100):
         n = int(rng.integers(0, 300 * KiB))
         data = rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
-        h = native._native.store_put(data)
-        assert native._native.store_take(h, n) == data
+        h = native_module.store_put(data)
+        assert native_module.store_take(h, n) == data
     except BaseException as e:  # pylint: disable=broad-except
       errors.append(e)
 

@@ -56,8 +56,8 @@ def test_donated_argument_dies_at_last_use():
   def f(x):
     return jnp.sin(x).sum()
   x = jnp.ones((1000,), jnp.float32)
-  kept = jaxmem.Program(f, (x,))
-  donated = jaxmem.Program(f, (x,), donate_argnums=(0,))
+  kept = jaxmem.analyze(f, x)
+  donated = jaxmem.analyze(f, x, donate_argnums=0)
   assert kept.interval(kept.invars[0]) == (0, 2)
   assert donated.interval(donated.invars[0]) == (0, 0)
   assert donated.profile.live_bytes[-1] < kept.profile.live_bytes[-1]

@@ -67,12 +67,16 @@ def analyze_step(fun: Callable[..., Any], args: Sequence[Any], *,
                                           arg_names=arg_names)))
 
 
-def analyze(fun: Callable[..., Any], *args: Any) -> Program:
+def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = ()
+            ) -> Program:
   """Traces ``fun(*args)`` and measures every variable's lifetime. Nothing is compiled.
 
   Args:
     fun: a step function taking pytrees of arrays.
     *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+    donate_argnums: positions of arguments donated to the step, as in
+      ``jax.jit``: their buffers die at their last use instead of living
+      through the step.
 
   Returns:
     A :class:`Program`; ``.report()``, ``.peak_bytes``, ``.profile``, ``.to_json()``.
@@ -86,7 +90,11 @@ def analyze(fun: Callable[..., Any], *args: Any) -> Program:
   if not callable(fun):
     raise TypeError(f"`jaxmem.analyze` takes the step function first, got {type(fun).__name__}.")
   check_array_args(args, "jaxmem.analyze")
-  return analyze_step(fun, args)
+  donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+  if not all(isinstance(i, int) and -len(args) <= i < len(args) for i in donate):
+    raise ValueError(f"`jaxmem.analyze`: donate_argnums={donate_argnums!r} must be positions of "
+                     f"the {len(args)} arguments passed.")
+  return analyze_step(fun, args, donate_argnums=tuple(i % len(args) for i in donate))
 
 
 __all__ = ["Program", "analyze", "analyze_step"]

@@ -170,7 +170,8 @@ def calibrate_cpu(*, repeats: int = 5, cache: bool = True) -> DeviceProfile:
   mem_bw = 3 * 4 * n / t
   vec = 2.0 * n / t
   buf = jnp.ones((8 * 1024 * 1024,), jnp.float32)
-  rt = jax.jit(lambda b: native_ops.fetch(native_ops.offload(b), b[:1]))
+  rt = jax.jit(lambda b: native_ops.fetch(native_ops.offload(b), b[:1], shape=b.shape,
+                                          dtype=b.dtype))
   copy_bw = 2 * buf.nbytes / best(lambda: rt(buf))   # a D2H and an H2D copy
   prof = DeviceProfile("cpu", flops, copy_bw, flops, vec, mem_bw, None, 2e-6, False,
                        "measured by jaxmem._src.estimate.devices.calibrate_cpu on "
