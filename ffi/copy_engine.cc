@@ -14,6 +14,8 @@
 #include <sched.h>
 #endif
 
+#include "ids.h"
+
 namespace jaxmem {
 namespace {
 

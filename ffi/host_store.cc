@@ -5,15 +5,16 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <chrono>
-#include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <sstream>
 #include <utility>
+
+#include "arena/best_fit_arena.h"
+#include "arena/heap_arena.h"
+#include "arena/virtual_chunk_arena.h"
+#include "ids.h"
 
 namespace jaxmem {
 namespace {
@@ -124,13 +125,6 @@ std::string MakeHostArena(const HostArenaConfig& config,
   return {};
 }
 
-// 62 random bits, never 0, and the counter cannot wrap in any realistic
-// process lifetime.
-uint64_t RandomFirstId() {
-  uint64_t mixed = RandomBits();
-  return (mixed & 0x3fffffffffffffffULL) | 0x4000000000000000ULL;
-}
-
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
     Reset();
@@ -162,12 +156,6 @@ void HostBuffer::Reset() {
   bytes_ = 0;
   free_ = nullptr;
   arena_handle_ = 0;
-}
-
-std::string FormatHandle(uint64_t id) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, id);
-  return buf;
 }
 
 std::string DtypeName(uint32_t code) {

@@ -65,7 +65,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "host_arena.h"
+#include "arena/host_arena.h"
 
 namespace jaxmem {
 
@@ -253,14 +253,6 @@ class HostStore {
   uint64_t retired_hits_ = 0;    // cache hits of arenas dropped before
   uint64_t retired_misses_ = 0;  // cache misses of arenas dropped before
 };
-
-// A random 64-bit id in [2^62, 2^63) to start a never-reused counter at (host
-// store handles, copy tickets): ids from another process or counter are
-// recognised as foreign, not confused with live ones.
-uint64_t RandomFirstId();
-
-// Formats a handle as 0x%016x.
-std::string FormatHandle(uint64_t id);
 
 // A human-readable name for an XLA FFI dtype code ("f32", "bf16", ...).
 std::string DtypeName(uint32_t dtype_code);

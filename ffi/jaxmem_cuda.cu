@@ -43,6 +43,7 @@
 
 #include "ffi_types.h"
 #include "host_store.h"
+#include "ids.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;

@@ -39,7 +39,6 @@ namespace ffi = xla::ffi;
 namespace jaxmem {
 namespace {
 
-
 std::string TypeName(ffi::DataType t) {
   return DtypeName(static_cast<uint32_t>(t));
 }
