@@ -24,7 +24,8 @@
 //                   overlap) and returns its footprint;
 //   * `MaxLoad`  -- the lower bound above.
 //
-// Nothing here depends on XLA or Python; the nanobind bindings live in dsa.cc.
+// Nothing here depends on XLA or Python; the nanobind bindings live in
+// bindings/dsa_bindings.cc.
 
 #ifndef JAXMEM_FFI_DSA_H_
 #define JAXMEM_FFI_DSA_H_

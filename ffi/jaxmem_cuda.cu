@@ -1,7 +1,7 @@
 // Copyright 2025 The jaxmem Authors.
 //
 // CUDA handlers for jaxmem's custom calls (built with JAXMEM_CUDA=1 only):
-// the same targets and semantics as the CPU handlers in jaxmem_ffi.cc and
+// the same targets and semantics as the CPU handlers in handlers/ and
 // copy_engine.cc, with a dedicated copy stream per device, CUDA events and
 // pinned host memory (DESIGN.md, "Native extension"; vDNN, paper 004 §3:
 // offload and prefetch on a separate stream; paper 001 §3 for the window).
@@ -41,7 +41,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "ffi_types.h"
+#include "handlers/common.h"
 #include "host_store.h"
 #include "ids.h"
 #include "xla/ffi/api/ffi.h"

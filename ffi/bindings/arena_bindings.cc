@@ -17,6 +17,7 @@
 #include "arena/planned_arena.h"
 #include "arena/stress.h"
 #include "arena/virtual_chunk_arena.h"
+#include "bindings/bindings.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/ndarray.h"
 #include "nanobind/stl/optional.h"
@@ -226,7 +227,7 @@ using U8In = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig,
 
 }  // namespace
 
-void RegisterArena(nb::module_& m) {
+void RegisterArenaBindings(nb::module_& m) {
   nb::class_<PyHostArena>(
       m, "HostArena",
       "A native host arena (see jaxmem._src.arena.HostArena); made by "
