@@ -47,18 +47,21 @@ std::vector<int> CpusFromEnv() {
   return cpus;
 }
 
-// Pins the calling thread to `cpus`; "" on success (or nothing to do).
-std::string PinThread(const std::vector<int>& cpus) {
-  if (cpus.empty()) return {};
+// Pins the calling thread to `cpus` (nothing to do for none).
+Status PinThread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return Status::Ok();
 #ifdef __linux__
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
   int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  if (rc != 0) return "cannot pin a copy worker to the requested CPUs: " + std::string(std::strerror(rc));
-  return {};
+  if (rc != 0) {
+    return InvalidArgument("cannot pin a copy worker to the requested CPUs: " +
+                           std::string(std::strerror(rc)));
+  }
+  return Status::Ok();
 #else
-  return "CPU affinity is only supported on Linux";
+  return InvalidArgument("CPU affinity is only supported on Linux");
 #endif
 }
 
@@ -81,16 +84,16 @@ CopyEngine::CopyEngine()
   stats_.threads = desired_threads_;
 }
 
-std::string CopyEngine::SetCpus(const std::vector<int>& cpus) {
+Status CopyEngine::SetCpus(const std::vector<int>& cpus) {
   // Check the CPUs on a short-lived thread before committing to them.
-  std::string err;
-  std::thread([&] { err = PinThread(cpus); }).join();
-  if (!err.empty()) return err;
+  Status st;
+  std::thread([&] { st = PinThread(cpus); }).join();
+  if (!st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
   cpus_ = cpus;
   ++generation_;  // running workers retire when idle; new ones get the mask
   work_cv_.notify_all();
-  return {};
+  return Status::Ok();
 }
 
 void CopyEngine::SetThreads(int n) {
@@ -109,7 +112,8 @@ void CopyEngine::EnsureWorkersLocked() {
     // Detached: the engine is never destroyed, and a worker blocked on the
     // condition variable must not keep the process from exiting.
     std::thread([this, g = generation_, cpus = cpus_] {
-      PinThread(cpus);  // checked by SetCpus; best effort for the env default
+      // Checked by SetCpus; best effort for the env default.
+      (void)PinThread(cpus);
       WorkerLoop(g);
     }).detach();
   }
@@ -205,33 +209,33 @@ void CopyEngine::Drain() {
   DrainLocked(lock);
 }
 
-std::string CopyEngine::Fail(std::string message) {
+Status CopyEngine::Fail(Status status) {
   std::unique_lock<std::mutex> lock(mu_);
   ++stats_.total_errors;
   // XLA aborts the execution on this error and releases its buffers: let
   // every copy that may still touch them finish first.
   DrainLocked(lock);
-  return message;
+  return status;
 }
 
-std::string CopyEngine::Claim(uint64_t ticket, CopyKind kind,
-                              const void* xla_buffer,
-                              std::shared_ptr<Job>* out) {
+Status CopyEngine::Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
+                         std::shared_ptr<Job>* out) {
   std::shared_ptr<Job> job;
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) {
-      std::string msg = TicketMessageLocked(ticket);
+      Status st = InvalidArgument(TicketMessageLocked(ticket));
       lock.unlock();
-      return Fail(std::move(msg));
+      return Fail(std::move(st));
     }
     if (it->second->kind != kind) {
-      std::string msg = "copy ticket " + FormatHandle(ticket) + " belongs to " +
-                        KindName(it->second->kind) + "_start, not " +
-                        KindName(kind) + "_start; the ticket is kept";
+      Status st = InvalidArgument("copy ticket " + FormatHandle(ticket) +
+                                  " belongs to " + KindName(it->second->kind) +
+                                  "_start, not " + KindName(kind) +
+                                  "_start; the ticket is kept");
       lock.unlock();
-      return Fail(std::move(msg));
+      return Fail(std::move(st));
     }
     job = std::move(it->second);
     tickets_.erase(it);
@@ -253,22 +257,24 @@ std::string CopyEngine::Claim(uint64_t ticket, CopyKind kind,
   }
   const void* expected = kind == CopyKind::kOffload ? job->src : job->dst;
   if (job->bytes > 0 && xla_buffer != expected) {
-    return Fail("the buffer of copy ticket " + FormatHandle(ticket) +
-                " moved between the start and the done (XLA copied it while "
-                "the copy was in flight, e.g. because the start and the done "
-                "ran in different computations); the result is refused");
+    return Fail(InvalidArgument(
+        "the buffer of copy ticket " + FormatHandle(ticket) +
+        " moved between the start and the done (XLA copied it while "
+        "the copy was in flight, e.g. because the start and the done "
+        "ran in different computations); the result is refused"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.total_finished;
   *out = std::move(job);
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::StartOffload(const void* src, size_t bytes,
-                                     uint32_t dtype_code, uint64_t* ticket) {
+Status CopyEngine::StartOffload(const void* src, size_t bytes,
+                                uint32_t dtype_code, uint64_t* ticket) {
   if (bytes > 0 && src == nullptr) {
-    return Fail("offload_start: source buffer is null but has " +
-                std::to_string(bytes) + " bytes");
+    return Fail(
+        InvalidArgument("offload_start: source buffer is null but has " +
+                        std::to_string(bytes) + " bytes"));
   }
   auto job = std::make_shared<Job>();
   job->kind = CopyKind::kOffload;
@@ -277,42 +283,42 @@ std::string CopyEngine::StartOffload(const void* src, size_t bytes,
   job->src = src;
   // From the host store's arena (the same allocator as synchronous puts), so
   // the entry that FinishOffload publishes needs no second copy.
-  std::string err = HostStore::Global().AllocateBuffer(bytes, &job->host);
-  if (!err.empty()) return Fail("offload_start: " + err);
+  Status st = HostStore::Global().AllocateBuffer(bytes, &job->host);
+  if (!st.ok()) return Fail(st.Prefixed("offload_start: "));
   job->dst = job->host.data();
   *ticket = Submit(std::move(job));
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::FinishOffload(uint64_t ticket, const void* src,
-                                      uint64_t* handle) {
+Status CopyEngine::FinishOffload(uint64_t ticket, const void* src,
+                                 uint64_t* handle) {
   std::shared_ptr<Job> job;
-  std::string err = Claim(ticket, CopyKind::kOffload, src, &job);
-  if (!err.empty()) return err;
+  Status st = Claim(ticket, CopyKind::kOffload, src, &job);
+  if (!st.ok()) return st;
   return HostStore::Global().Insert(std::move(job->host), job->bytes,
                                     job->dtype_code, handle);
 }
 
-std::string CopyEngine::StartFetch(uint64_t handle, void* dst, size_t bytes,
-                                   uint32_t dtype_code, uint64_t* ticket) {
+Status CopyEngine::StartFetch(uint64_t handle, void* dst, size_t bytes,
+                              uint32_t dtype_code, uint64_t* ticket) {
   if (bytes > 0 && dst == nullptr) {
-    return Fail("fetch_start: destination buffer is null but has " +
-                std::to_string(bytes) + " bytes");
+    return Fail(
+        InvalidArgument("fetch_start: destination buffer is null but has " +
+                        std::to_string(bytes) + " bytes"));
   }
   auto job = std::make_shared<Job>();
   job->kind = CopyKind::kFetch;
   job->bytes = bytes;
   job->dtype_code = dtype_code;
-  std::string err =
-      HostStore::Global().Remove(handle, bytes, dtype_code, &job->host);
-  if (!err.empty()) return Fail("fetch_start: " + err);
+  Status st = HostStore::Global().Remove(handle, bytes, dtype_code, &job->host);
+  if (!st.ok()) return Fail(st.Prefixed("fetch_start: "));
   job->src = job->host.data();
   job->dst = dst;
   *ticket = Submit(std::move(job));
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::FinishFetch(uint64_t ticket, const void* dst) {
+Status CopyEngine::FinishFetch(uint64_t ticket, const void* dst) {
   std::shared_ptr<Job> job;
   return Claim(ticket, CopyKind::kFetch, dst, &job);
 }

@@ -25,8 +25,9 @@
 //
 // Tickets are 64-bit ids from a never-reused counter that starts at a random
 // value, like host store handles: a done with a stale (already finished),
-// foreign or made-up ticket, or a ticket of the other kind, is an error
-// message, never a crash or a wait on the wrong copy.
+// foreign or made-up ticket, or a ticket of the other kind, is an
+// InvalidArgument status (status.h), never a crash or a wait on the wrong
+// copy.
 //
 // Errors and aborted executions. A failing start or done first drains the
 // engine (waits until every copy queued so far has finished) and only then
@@ -54,6 +55,7 @@
 #include <vector>
 
 #include "host_store.h"
+#include "status.h"
 
 namespace jaxmem {
 
@@ -85,24 +87,23 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   // Enqueues a copy of `bytes` bytes at `src` into a new host buffer. `src`
-  // must stay valid and unmodified until `FinishOffload`. Returns an error
-  // message, or "" and the ticket in `*ticket`.
-  std::string StartOffload(const void* src, size_t bytes, uint32_t dtype_code,
-                           uint64_t* ticket);
+  // must stay valid and unmodified until `FinishOffload`. Writes the ticket
+  // to `*ticket`; fails like `HostStore::AllocateBuffer`.
+  Status StartOffload(const void* src, size_t bytes, uint32_t dtype_code,
+                      uint64_t* ticket);
 
   // Waits for the offload `ticket` (started from `src`), publishes the host
   // copy in the host store and writes its handle to `*handle`.
-  std::string FinishOffload(uint64_t ticket, const void* src,
-                            uint64_t* handle);
+  Status FinishOffload(uint64_t ticket, const void* src, uint64_t* handle);
 
   // Takes entry `handle` out of the host store (validating size and dtype)
   // and enqueues a copy of it to `dst`, which must stay allocated until
   // `FinishFetch`.
-  std::string StartFetch(uint64_t handle, void* dst, size_t bytes,
-                         uint32_t dtype_code, uint64_t* ticket);
+  Status StartFetch(uint64_t handle, void* dst, size_t bytes,
+                    uint32_t dtype_code, uint64_t* ticket);
 
   // Waits for the fetch `ticket` into `dst`.
-  std::string FinishFetch(uint64_t ticket, const void* dst);
+  Status FinishFetch(uint64_t ticket, const void* dst);
 
   // Blocks until every copy queued before the call has finished.
   void Drain();
@@ -122,9 +123,9 @@ class CopyEngine {
   // CPU of its cpuset): XLA:CPU sizes its compute pool from that mask, so
   // `taskset -c 0 python ...` with JAXMEM_COPY_CPUS=1 gives compute one core
   // and the copies another, as a GPU's copy engines are separate hardware.
-  // Returns an error message for a CPU the system refuses. Applies to
-  // workers started afterwards (it restarts running ones).
-  std::string SetCpus(const std::vector<int>& cpus);
+  // InvalidArgument for a CPU the system refuses. Applies to workers started
+  // afterwards (it restarts running ones).
+  Status SetCpus(const std::vector<int>& cpus);
 
   CopyEngineStats Stats() const;
 
@@ -144,8 +145,8 @@ class CopyEngine {
   // Registers `job` under a new ticket and queues it (or runs it inline).
   uint64_t Submit(std::shared_ptr<Job> job);
   // Removes `ticket` of `kind` from the registry and waits for its copy.
-  std::string Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
-                    std::shared_ptr<Job>* job);
+  Status Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
+               std::shared_ptr<Job>* job);
   void RunJob(Job& job);  // the copy itself; no lock held
   // Marks `job` started, runs it with `lock` (on mu_) released, then records it
   // as finished in the stats and wakes waiters. Returns the copy's seconds.
@@ -154,7 +155,7 @@ class CopyEngine {
   void EnsureWorkersLocked();  // requires mu_
   void DrainLocked(std::unique_lock<std::mutex>& lock);
   std::string TicketMessageLocked(uint64_t ticket) const;  // requires mu_
-  std::string Fail(std::string message);  // drains, counts, returns message
+  Status Fail(Status status);  // drains, counts, returns `status`
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // a job was queued / threads changed

@@ -66,6 +66,7 @@
 #include <unordered_map>
 
 #include "arena/host_arena.h"
+#include "status.h"
 
 namespace jaxmem {
 
@@ -85,12 +86,13 @@ struct HostArenaConfig {
 // Parses a $JAXMEM_HOST_ARENA value: "MODE" or "MODE:KEY=VALUE,...", with
 // KEY one of chunk_bytes, segment_bytes, capacity_bytes and VALUE an integer
 // with an optional K/M/G (KiB/MiB/GiB) suffix, e.g. "virtual:chunk_bytes=4M".
-// Returns an error message, or "" and the result in `*out`.
-std::string ParseHostArenaConfig(const std::string& text, HostArenaConfig* out);
+// Returns InvalidArgument, or ok and the result in `*out`.
+Status ParseHostArenaConfig(const std::string& text, HostArenaConfig* out);
 
-// Makes the arena `config` describes; returns an error message or "".
-std::string MakeHostArena(const HostArenaConfig& config,
-                          std::shared_ptr<HostArena>* out);
+// Makes the arena `config` describes (InvalidArgument for a bad mode or size,
+// or the arena's own error).
+Status MakeHostArena(const HostArenaConfig& config,
+                     std::shared_ptr<HostArena>* out);
 
 // A snapshot of the store's counters.
 struct HostStoreStats {
@@ -167,41 +169,41 @@ class HostStore {
   HostStore(const HostStore&) = delete;
   HostStore& operator=(const HostStore&) = delete;
 
-  // Copies `bytes` bytes from `data` into the store, tagged with `dtype_code`.
-  // On success writes the new handle to `*id` and returns an empty string;
-  // otherwise returns an error message (allocation failure). `data` may be
-  // null when `bytes` is 0. The copy runs outside every lock.
-  std::string Put(const void* data, size_t bytes, uint32_t dtype_code,
-                  uint64_t* id);
+  // Copies `bytes` bytes from `data` into the store, tagged with `dtype_code`,
+  // and writes the new handle to `*id`. Fails like `AllocateBuffer` (or
+  // InvalidArgument for a null `data` of nonzero size; `data` may be null
+  // when `bytes` is 0). The copy runs outside every lock.
+  Status Put(const void* data, size_t bytes, uint32_t dtype_code, uint64_t* id);
 
   // Copies the entry `id` into `dst` (which has room for `bytes` bytes) and
-  // erases it. Returns an empty string on success, otherwise a message saying
-  // what was wrong: unknown / stale / already fetched handle, or a size or
-  // dtype that does not match what was stored. On a size/dtype mismatch the
-  // entry is kept (a corrected retry can still succeed).
-  std::string Take(uint64_t id, void* dst, size_t bytes, uint32_t dtype_code);
+  // erases it. InvalidArgument, with a message saying what was wrong, for an
+  // unknown / stale / already fetched handle, or a size or dtype that does
+  // not match what was stored. On a size/dtype mismatch the entry is kept (a
+  // corrected retry can still succeed).
+  Status Take(uint64_t id, void* dst, size_t bytes, uint32_t dtype_code);
 
   // Publishes a filled buffer as a new entry of `bytes` bytes of `dtype_code`
   // (the buffer may be larger, e.g. a pooled pinned block). Never fails today;
-  // returns an error message for symmetry with `Put`.
-  std::string Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
-                     uint64_t* id);
+  // returns a Status for symmetry with `Put`.
+  Status Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
+                uint64_t* id);
 
   // Validates entry `id` like `Take` and moves its buffer to `*out` without
   // copying. The handle is consumed at once: a second Remove/Take fails.
-  std::string Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
-                     HostBuffer* out);
+  Status Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
+                HostBuffer* out);
 
   // An uninitialised `bytes`-byte buffer from the store's arena (empty for
-  // 0 bytes), for a copy that `Insert`s it later. Returns an error message
-  // (out of memory, arena unavailable, bad $JAXMEM_HOST_ARENA) or "".
-  std::string AllocateBuffer(size_t bytes, HostBuffer* out);
+  // 0 bytes), for a copy that `Insert`s it later. ResourceExhausted when the
+  // arena (its capacity, or the OS) refuses the memory; FailedPrecondition
+  // when the configured arena cannot be made (bad $JAXMEM_HOST_ARENA).
+  Status AllocateBuffer(size_t bytes, HostBuffer* out);
 
   // Replaces the arena with a new one made from `config`. Only while the
-  // store is empty: no entries and no arena memory held by copies in flight;
-  // otherwise (or for a bad config) returns an error message naming
-  // `store_configure` and changes nothing.
-  std::string Configure(const HostArenaConfig& config);
+  // store is empty: no entries and no arena memory held by copies in flight
+  // (else FailedPrecondition); a bad config fails like `MakeHostArena`. The
+  // message names `store_configure`; nothing changes on failure.
+  Status Configure(const HostArenaConfig& config);
 
   // The current configuration; `*source` (optional) is "default", "env"
   // ($JAXMEM_HOST_ARENA) or "store_configure". `*error` (optional) is the
@@ -226,13 +228,14 @@ class HostStore {
 
   std::string UnknownHandleMessage(uint64_t id) const;  // requires mu_
   // Checks entry `id` against a request and erases it into `*out`; requires
-  // mu_. Returns an error message (and keeps the entry) on a mismatch.
-  std::string EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
-                           bool need_dst, Entry* out);
+  // mu_. InvalidArgument (and the entry is kept) on a mismatch.
+  Status EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
+                      bool need_dst, Entry* out);
   // Reads $JAXMEM_HOST_ARENA on the first call; requires mu_.
   void EnsureConfigLocked() const;
-  // The arena, made on first use; requires mu_. Returns an error message.
-  std::string EnsureArenaLocked(std::shared_ptr<HostArena>* out);
+  // The arena, made on first use; requires mu_. FailedPrecondition when the
+  // configuration is unusable.
+  Status EnsureArenaLocked(std::shared_ptr<HostArena>* out);
   // Folds the current arena's counters into the store's and drops it;
   // returns it so the caller can release it outside mu_. Requires mu_.
   std::shared_ptr<HostArena> RetireArenaLocked();

@@ -6,7 +6,6 @@
 
 #include <cstring>
 #include <limits>
-#include <utility>
 
 namespace jaxmem {
 namespace arena_internal {
@@ -36,10 +35,6 @@ std::string Bytes(uint64_t n) { return std::to_string(n) + " bytes"; }
 std::string ErrnoText(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) +
          ")";
-}
-
-ArenaStatus Error(ArenaCode code, std::string message) {
-  return ArenaStatus(code, std::move(message));
 }
 
 }  // namespace arena_internal

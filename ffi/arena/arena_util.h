@@ -27,8 +27,6 @@ std::string Bytes(uint64_t n);
 // "Cannot allocate memory (errno 12)", for messages.
 std::string ErrnoText(int err);
 
-ArenaStatus Error(ArenaCode code, std::string message);
-
 }  // namespace arena_internal
 }  // namespace jaxmem
 

@@ -17,21 +17,18 @@ namespace jaxmem {
 
 using arena_internal::Bytes;
 using arena_internal::ErrnoText;
-using arena_internal::Error;
 using arena_internal::PageSize;
 using arena_internal::RoundUp;
 
-ArenaStatus BestFitCachingArena::Create(size_t segment_bytes,
-                                        size_t capacity_bytes,
-                                        std::unique_ptr<HostArena>* out) {
+Status BestFitCachingArena::Create(size_t segment_bytes, size_t capacity_bytes,
+                                   std::unique_ptr<HostArena>* out) {
   size_t seg = 0;
   if (segment_bytes == 0 || !RoundUp(segment_bytes, PageSize(), &seg)) {
-    return Error(ArenaCode::kInvalidArgument,
-                 "segment_bytes must be positive, got " +
-                     std::to_string(segment_bytes));
+    return InvalidArgument("segment_bytes must be positive, got " +
+                           std::to_string(segment_bytes));
   }
   out->reset(new BestFitCachingArena(seg, capacity_bytes));
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 BestFitCachingArena::BestFitCachingArena(size_t segment_bytes,
@@ -50,13 +47,13 @@ void BestFitCachingArena::EraseFree(uintptr_t addr, size_t size) {
   free_.erase({size, addr});
 }
 
-ArenaStatus BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
-                                                Block* block) {
-  if (bytes == 0) return ArenaStatus::Ok();
+Status BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
+                                           Block* block) {
+  if (bytes == 0) return Status::Ok();
   size_t size = 0;
   if (!RoundUp(bytes, kArenaAlignment, &size)) {
-    return Error(ArenaCode::kOutOfMemory,
-                 "best-fit arena: " + Bytes(bytes) + " is too large");
+    return ResourceExhausted("best-fit arena: " + Bytes(bytes) +
+                             " is too large");
   }
   // Best fit: the smallest cached free block that holds the request, lowest
   // address among equals.
@@ -66,8 +63,8 @@ ArenaStatus BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
     // returned while the arena lives — the "caching" part).
     size_t seg = 0;
     if (!RoundUp(size, PageSize(), &seg)) {
-      return Error(ArenaCode::kOutOfMemory,
-                   "best-fit arena: " + Bytes(bytes) + " is too large");
+      return ResourceExhausted("best-fit arena: " + Bytes(bytes) +
+                               " is too large");
     }
     const size_t need = seg;
     seg = std::max(seg, segment_bytes_);
@@ -78,22 +75,19 @@ ArenaStatus BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
       seg = (capacity_bytes_ - footprint_) / PageSize() * PageSize();
     }
     if (capacity_bytes_ != 0 && footprint_ + seg > capacity_bytes_) {
-      return Error(ArenaCode::kOutOfMemory,
-                   "best-fit arena out of capacity: " + Bytes(bytes) +
-                       " fit no cached free block (largest " +
-                       Bytes(free_.empty() ? 0 : free_.rbegin()->first) +
-                       ") and a new " + Bytes(seg) +
-                       " segment would exceed the " +
-                       Bytes(capacity_bytes_) + " capacity (footprint " +
-                       Bytes(footprint_) + ")");
+      return ResourceExhausted(
+          "best-fit arena out of capacity: " + Bytes(bytes) +
+          " fit no cached free block (largest " +
+          Bytes(free_.empty() ? 0 : free_.rbegin()->first) + ") and a new " +
+          Bytes(seg) + " segment would exceed the " + Bytes(capacity_bytes_) +
+          " capacity (footprint " + Bytes(footprint_) + ")");
     }
     void* p = ::mmap(nullptr, seg, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
-      return Error(ArenaCode::kOutOfMemory,
-                   "best-fit arena: allocating a " + Bytes(seg) +
-                       " segment failed: " + ErrnoText(err));
+      return ResourceExhausted("best-fit arena: allocating a " + Bytes(seg) +
+                               " segment failed: " + ErrnoText(err));
     }
     const uint32_t id = static_cast<uint32_t>(segments_.size());
     segments_.emplace_back(p, seg);
@@ -118,7 +112,7 @@ ArenaStatus BestFitCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
   block->ptr = reinterpret_cast<void*>(addr);
   block->reserved_bytes = size;
   block->cookie = addr;
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 void BestFitCachingArena::FreeLocked(const Block& block) {

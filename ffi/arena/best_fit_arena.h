@@ -24,14 +24,14 @@ class BestFitCachingArena : public LockedArena {
  public:
   // A new segment has max(segment_bytes, request rounded up to pages)
   // bytes; `capacity_bytes` caps the sum of segments (0: unbounded).
-  static ArenaStatus Create(size_t segment_bytes, size_t capacity_bytes,
-                            std::unique_ptr<HostArena>* out);
+  static Status Create(size_t segment_bytes, size_t capacity_bytes,
+                       std::unique_ptr<HostArena>* out);
   ~BestFitCachingArena() override;
 
   ArenaMode mode() const override { return ArenaMode::kBestFit; }
 
  protected:
-  ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
   void FreeLocked(const Block& block) override;
   void FillStatsLocked(ArenaStats* stats) const override;
 

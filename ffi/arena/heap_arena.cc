@@ -13,18 +13,16 @@
 namespace jaxmem {
 
 using arena_internal::Bytes;
-using arena_internal::Error;
 using arena_internal::RoundUp;
 
 namespace {
 constexpr size_t kHeapPage = 4096;
 }  // namespace
 
-ArenaStatus HeapCachingArena::Create(uint64_t cache_cap_bytes,
-                                     size_t capacity_bytes,
-                                     std::unique_ptr<HostArena>* out) {
+Status HeapCachingArena::Create(uint64_t cache_cap_bytes, size_t capacity_bytes,
+                                std::unique_ptr<HostArena>* out) {
   out->reset(new HeapCachingArena(cache_cap_bytes, capacity_bytes));
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 HeapCachingArena::HeapCachingArena(uint64_t cache_cap_bytes,
@@ -43,13 +41,12 @@ void HeapCachingArena::ReleaseCacheLocked() {
   cached_bytes_ = 0;
 }
 
-ArenaStatus HeapCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
-                                             Block* block) {
-  if (bytes == 0) return ArenaStatus::Ok();
+Status HeapCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
+                                        Block* block) {
+  if (bytes == 0) return Status::Ok();
   size_t rounded = 0;
   if (!RoundUp(bytes, kHeapPage, &rounded)) {
-    return Error(ArenaCode::kOutOfMemory,
-                 "heap arena: " + Bytes(bytes) + " is too large");
+    return ResourceExhausted("heap arena: " + Bytes(bytes) + " is too large");
   }
   void* p = nullptr;
   size_t size = rounded;
@@ -64,18 +61,16 @@ ArenaStatus HeapCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
     if (capacity_bytes_ != 0 && footprint_ + rounded > capacity_bytes_) {
       ReleaseCacheLocked();  // cached memory is only an optimisation
       if (footprint_ + rounded > capacity_bytes_) {
-        return Error(ArenaCode::kOutOfMemory,
-                     "heap arena out of capacity: " + Bytes(bytes) +
-                         " would take the footprint (" + Bytes(footprint_) +
-                         " live) past the " + Bytes(capacity_bytes_) +
-                         " capacity");
+        return ResourceExhausted("heap arena out of capacity: " + Bytes(bytes) +
+                                 " would take the footprint (" +
+                                 Bytes(footprint_) + " live) past the " +
+                                 Bytes(capacity_bytes_) + " capacity");
       }
     }
     if (::posix_memalign(&p, kArenaAlignment, rounded) != 0) p = nullptr;
     if (p == nullptr) {
-      return Error(ArenaCode::kOutOfMemory,
-                   "heap arena: posix_memalign of " + Bytes(rounded) +
-                       " failed");
+      return ResourceExhausted("heap arena: posix_memalign of " +
+                               Bytes(rounded) + " failed");
     }
     footprint_ += rounded;
     NoteFootprintLocked(footprint_);
@@ -86,7 +81,7 @@ ArenaStatus HeapCachingArena::AllocateLocked(size_t bytes, int64_t /*id*/,
   block->ptr = p;
   block->reserved_bytes = size;
   block->cookie = reinterpret_cast<uintptr_t>(p);
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 void HeapCachingArena::FreeLocked(const Block& block) {

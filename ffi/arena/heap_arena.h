@@ -31,14 +31,14 @@ class HeapCachingArena : public LockedArena {
  public:
   // `capacity_bytes` caps the footprint (0: unbounded; cached buffers are
   // released before a request is refused).
-  static ArenaStatus Create(uint64_t cache_cap_bytes, size_t capacity_bytes,
-                            std::unique_ptr<HostArena>* out);
+  static Status Create(uint64_t cache_cap_bytes, size_t capacity_bytes,
+                       std::unique_ptr<HostArena>* out);
   ~HeapCachingArena() override;
 
   ArenaMode mode() const override { return ArenaMode::kHeap; }
 
  protected:
-  ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
   void FreeLocked(const Block& block) override;
   void FillStatsLocked(ArenaStats* stats) const override;
 

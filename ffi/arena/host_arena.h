@@ -45,7 +45,8 @@
 //     that was freed (stale / double free) or that this arena never issued
 //     (foreign: another arena, another process, garbage) is reported as an
 //     error status naming the handle and the reason; no call crashes on a bad
-//     handle.
+//     handle. Such handles are InvalidArgument (status.h); a refused
+//     allocation (capacity or the OS) is ResourceExhausted.
 //   * Pointers are 64-byte aligned (`kArenaAlignment`). Zero-byte
 //     allocations are valid, take no memory and have a null pointer.
 //   * All methods are thread-safe (one mutex per arena).
@@ -62,7 +63,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
+
+#include "status.h"
 
 namespace jaxmem {
 
@@ -81,37 +83,6 @@ inline const char* ArenaModeName(ArenaMode mode) {
   }
   return "unknown";
 }
-
-// Why an arena call failed.
-enum class ArenaCode {
-  kOk = 0,
-  kInvalidArgument,  // bad constructor argument, bad offset/length, ...
-  kStaleHandle,      // issued by this arena but already freed (read/write)
-  kDoubleFree,       // issued by this arena but already freed (free)
-  kForeignHandle,    // never issued by this arena
-  kOutOfMemory,      // capacity reached, or the OS refused memory/mappings
-  kPlanMismatch,     // planned mode: unknown id, wrong size, id live, overlap
-  kUnavailable,      // the mechanism is missing (e.g. no memfd_create)
-  kUnsupported,      // the call does not apply to this mode
-};
-
-// A status: ok, or a code plus a message that says what was wrong.
-class ArenaStatus {
- public:
-  ArenaStatus() = default;
-  ArenaStatus(ArenaCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
-
-  static ArenaStatus Ok() { return ArenaStatus(); }
-
-  bool ok() const { return code_ == ArenaCode::kOk; }
-  ArenaCode code() const { return code_; }
-  const std::string& message() const { return message_; }
-
- private:
-  ArenaCode code_ = ArenaCode::kOk;
-  std::string message_;
-};
 
 // One live allocation.
 struct Allocation {
@@ -169,25 +140,24 @@ class HostArena {
   virtual ArenaMode mode() const = 0;
 
   // Allocates `bytes` bytes (64-byte aligned). Not for planned arenas.
-  virtual ArenaStatus Allocate(size_t bytes, Allocation* out) = 0;
+  virtual Status Allocate(size_t bytes, Allocation* out) = 0;
 
   // Planned arenas: allocates plan slot `id`, which must be planned for
-  // exactly `bytes` bytes and not be live. Other modes: kUnsupported.
-  virtual ArenaStatus AllocateId(int64_t id, size_t bytes,
-                                 Allocation* out) = 0;
+  // exactly `bytes` bytes and not be live. Other modes: Unimplemented.
+  virtual Status AllocateId(int64_t id, size_t bytes, Allocation* out) = 0;
 
   // Frees a live allocation. Stale/double/foreign handles are errors.
-  virtual ArenaStatus Free(uint64_t handle) = 0;
+  virtual Status Free(uint64_t handle) = 0;
 
   // Describes a live allocation. The pointer stays valid until `Free`.
-  virtual ArenaStatus Lookup(uint64_t handle, Allocation* out) const = 0;
+  virtual Status Lookup(uint64_t handle, Allocation* out) const = 0;
 
   // Copies `n` bytes into / out of a live allocation at `offset`, under the
   // arena's lock (safe against a concurrent `Free` of the same handle).
-  virtual ArenaStatus Write(uint64_t handle, size_t offset, const void* src,
-                            size_t n) = 0;
-  virtual ArenaStatus Read(uint64_t handle, size_t offset, void* dst,
-                           size_t n) const = 0;
+  virtual Status Write(uint64_t handle, size_t offset, const void* src,
+                       size_t n) = 0;
+  virtual Status Read(uint64_t handle, size_t offset, void* dst,
+                      size_t n) const = 0;
 
   // Frees every live allocation (footprint is kept cached). Returns the
   // number of allocations freed.

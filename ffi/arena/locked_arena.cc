@@ -13,7 +13,6 @@
 namespace jaxmem {
 
 using arena_internal::Bytes;
-using arena_internal::Error;
 
 namespace {
 
@@ -41,36 +40,32 @@ void LockedArena::NoteFootprintLocked(uint64_t footprint_bytes) {
   peak_footprint_bytes_ = std::max(peak_footprint_bytes_, footprint_bytes);
 }
 
-ArenaStatus LockedArena::HandleErrorLocked(uint64_t handle, const char* verb,
-                                           bool is_free) const {
+Status LockedArena::HandleErrorLocked(uint64_t handle, const char* verb,
+                                      bool is_free) const {
   ++errors_;
   const std::string h = FormatHandle(handle);
   const uint64_t tag = handle >> kSeqBits;
   const uint64_t seq = handle & kSeqMask;
   const std::string arena = std::string(ArenaModeName(mode())) + " arena";
   if (tag != tag_ || seq < first_seq_ || seq >= next_seq_) {
-    return Error(ArenaCode::kForeignHandle,
-                 std::string("cannot ") + verb + " foreign handle " + h +
-                     ": this " + arena +
-                     " never issued it (a handle of another arena or "
-                     "process, or garbage)");
+    return InvalidArgument(std::string("cannot ") + verb + " foreign handle " +
+                           h + ": this " + arena +
+                           " never issued it (a handle of another arena or "
+                           "process, or garbage)");
   }
   if (is_free) {
-    return Error(ArenaCode::kDoubleFree,
-                 "double free of handle " + h + ": this " + arena +
-                     " issued it but it was already freed");
+    return InvalidArgument("double free of handle " + h + ": this " + arena +
+                           " issued it but it was already freed");
   }
-  return Error(ArenaCode::kStaleHandle,
-               std::string("cannot ") + verb + " stale handle " + h +
-                   ": this " + arena +
-                   " issued it but it was already freed (use after free)");
+  return InvalidArgument(
+      std::string("cannot ") + verb + " stale handle " + h + ": this " + arena +
+      " issued it but it was already freed (use after free)");
 }
 
-ArenaStatus LockedArena::AllocateCommon(size_t bytes, int64_t id,
-                                        Allocation* out) {
+Status LockedArena::AllocateCommon(size_t bytes, int64_t id, Allocation* out) {
   std::unique_lock<std::mutex> lock(mu_);
   Block block;
-  ArenaStatus st = AllocateLocked(bytes, id, &block);
+  Status st = AllocateLocked(bytes, id, &block);
   if (!st.ok()) {
     ++errors_;
     return st;
@@ -94,40 +89,37 @@ ArenaStatus LockedArena::AllocateCommon(size_t bytes, int64_t id,
     lock.unlock();
     PopulateUnlocked(block.ptr, block.reserved_bytes);
   }
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
-ArenaStatus LockedArena::Allocate(size_t bytes, Allocation* out) {
+Status LockedArena::Allocate(size_t bytes, Allocation* out) {
   if (mode() == ArenaMode::kPlanned) {
     std::lock_guard<std::mutex> lock(mu_);
     ++errors_;
-    return Error(ArenaCode::kUnsupported,
-                 "a planned arena allocates plan ids, not sizes: call "
-                 "AllocateId(id, bytes)");
+    return Unimplemented(
+        "a planned arena allocates plan ids, not sizes: call "
+        "AllocateId(id, bytes)");
   }
   return AllocateCommon(bytes, -1, out);
 }
 
-ArenaStatus LockedArena::AllocateId(int64_t id, size_t bytes,
-                                    Allocation* out) {
+Status LockedArena::AllocateId(int64_t id, size_t bytes, Allocation* out) {
   if (mode() != ArenaMode::kPlanned) {
     std::lock_guard<std::mutex> lock(mu_);
     ++errors_;
-    return Error(ArenaCode::kUnsupported,
-                 std::string("a ") + ArenaModeName(mode()) +
-                     " arena allocates sizes, not plan ids: call "
-                     "Allocate(bytes)");
+    return Unimplemented(std::string("a ") + ArenaModeName(mode()) +
+                         " arena allocates sizes, not plan ids: call "
+                         "Allocate(bytes)");
   }
   if (id < 0) {
     std::lock_guard<std::mutex> lock(mu_);
     ++errors_;
-    return Error(ArenaCode::kPlanMismatch,
-                 "plan id " + std::to_string(id) + " is negative");
+    return InvalidArgument("plan id " + std::to_string(id) + " is negative");
   }
   return AllocateCommon(bytes, id, out);
 }
 
-ArenaStatus LockedArena::Free(uint64_t handle) {
+Status LockedArena::Free(uint64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "free", true);
@@ -137,10 +129,10 @@ ArenaStatus LockedArena::Free(uint64_t handle) {
   live_bytes_ -= block.reserved_bytes;
   requested_live_bytes_ -= block.bytes;
   ++frees_;
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
-ArenaStatus LockedArena::Lookup(uint64_t handle, Allocation* out) const {
+Status LockedArena::Lookup(uint64_t handle, Allocation* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "look up", false);
@@ -150,41 +142,39 @@ ArenaStatus LockedArena::Lookup(uint64_t handle, Allocation* out) const {
   out->bytes = b.bytes;
   out->reserved_bytes = b.reserved_bytes;
   out->id = b.id;
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
-ArenaStatus LockedArena::Write(uint64_t handle, size_t offset, const void* src,
-                               size_t n) {
+Status LockedArena::Write(uint64_t handle, size_t offset, const void* src,
+                          size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "write", false);
   const Block& b = it->second;
   if (offset > b.bytes || n > b.bytes - offset) {
     ++errors_;
-    return Error(ArenaCode::kInvalidArgument,
-                 "write of " + Bytes(n) + " at offset " +
-                     std::to_string(offset) + " overruns handle " +
-                     FormatHandle(handle) + " of " + Bytes(b.bytes));
+    return InvalidArgument("write of " + Bytes(n) + " at offset " +
+                           std::to_string(offset) + " overruns handle " +
+                           FormatHandle(handle) + " of " + Bytes(b.bytes));
   }
   if (n > 0) std::memcpy(static_cast<char*>(b.ptr) + offset, src, n);
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
-ArenaStatus LockedArena::Read(uint64_t handle, size_t offset, void* dst,
-                              size_t n) const {
+Status LockedArena::Read(uint64_t handle, size_t offset, void* dst,
+                         size_t n) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "read", false);
   const Block& b = it->second;
   if (offset > b.bytes || n > b.bytes - offset) {
     ++errors_;
-    return Error(ArenaCode::kInvalidArgument,
-                 "read of " + Bytes(n) + " at offset " +
-                     std::to_string(offset) + " overruns handle " +
-                     FormatHandle(handle) + " of " + Bytes(b.bytes));
+    return InvalidArgument("read of " + Bytes(n) + " at offset " +
+                           std::to_string(offset) + " overruns handle " +
+                           FormatHandle(handle) + " of " + Bytes(b.bytes));
   }
   if (n > 0) std::memcpy(dst, static_cast<const char*>(b.ptr) + offset, n);
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 uint64_t LockedArena::FreeAll() {

@@ -22,14 +22,14 @@ class LockedArena : public HostArena {
   LockedArena(const LockedArena&) = delete;
   LockedArena& operator=(const LockedArena&) = delete;
 
-  ArenaStatus Allocate(size_t bytes, Allocation* out) override;
-  ArenaStatus AllocateId(int64_t id, size_t bytes, Allocation* out) override;
-  ArenaStatus Free(uint64_t handle) override;
-  ArenaStatus Lookup(uint64_t handle, Allocation* out) const override;
-  ArenaStatus Write(uint64_t handle, size_t offset, const void* src,
-                    size_t n) override;
-  ArenaStatus Read(uint64_t handle, size_t offset, void* dst,
-                   size_t n) const override;
+  Status Allocate(size_t bytes, Allocation* out) override;
+  Status AllocateId(int64_t id, size_t bytes, Allocation* out) override;
+  Status Free(uint64_t handle) override;
+  Status Lookup(uint64_t handle, Allocation* out) const override;
+  Status Write(uint64_t handle, size_t offset, const void* src,
+               size_t n) override;
+  Status Read(uint64_t handle, size_t offset, void* dst,
+              size_t n) const override;
   uint64_t FreeAll() override;
   ArenaStats Stats() const override;
 
@@ -45,8 +45,7 @@ class LockedArena : public HostArena {
   };
 
   // Fill `block` for a request of `bytes` (`id` >= 0: planned slot).
-  virtual ArenaStatus AllocateLocked(size_t bytes, int64_t id,
-                                     Block* block) = 0;
+  virtual Status AllocateLocked(size_t bytes, int64_t id, Block* block) = 0;
   // Release a block previously returned by AllocateLocked.
   virtual void FreeLocked(const Block& block) = 0;
   // Fill the mode-specific fields: footprint, capacity, free-block shape,
@@ -62,9 +61,9 @@ class LockedArena : public HostArena {
   mutable std::mutex mu_;
 
  private:
-  ArenaStatus HandleErrorLocked(uint64_t handle, const char* verb,
-                                bool is_free) const;
-  ArenaStatus AllocateCommon(size_t bytes, int64_t id, Allocation* out);
+  Status HandleErrorLocked(uint64_t handle, const char* verb,
+                           bool is_free) const;
+  Status AllocateCommon(size_t bytes, int64_t id, Allocation* out);
 
   uint64_t tag_;        // arena tag (high handle bits)
   uint64_t first_seq_;  // first sequence number issued

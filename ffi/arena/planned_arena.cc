@@ -18,52 +18,48 @@ namespace jaxmem {
 
 using arena_internal::Bytes;
 using arena_internal::ErrnoText;
-using arena_internal::Error;
 using arena_internal::PageSize;
 using arena_internal::RoundUp;
 
-ArenaStatus PlannedArena::Create(std::unordered_map<int64_t, Slot> slots,
-                                 uint64_t footprint_bytes,
-                                 std::unique_ptr<HostArena>* out) {
+Status PlannedArena::Create(std::unordered_map<int64_t, Slot> slots,
+                            uint64_t footprint_bytes,
+                            std::unique_ptr<HostArena>* out) {
   for (const auto& [id, slot] : slots) {
     if (id < 0) {
-      return Error(ArenaCode::kInvalidArgument,
-                   "plan id " + std::to_string(id) + " is negative");
+      return InvalidArgument("plan id " + std::to_string(id) + " is negative");
     }
     if (slot.offset % kArenaAlignment != 0) {
-      return Error(ArenaCode::kInvalidArgument,
-                   "plan id " + std::to_string(id) + " has offset " +
-                       std::to_string(slot.offset) +
-                       ", which is not a multiple of " +
-                       std::to_string(kArenaAlignment));
+      return InvalidArgument("plan id " + std::to_string(id) + " has offset " +
+                             std::to_string(slot.offset) +
+                             ", which is not a multiple of " +
+                             std::to_string(kArenaAlignment));
     }
     if (slot.offset > footprint_bytes ||
         slot.bytes > footprint_bytes - slot.offset) {
-      return Error(ArenaCode::kInvalidArgument,
-                   "plan id " + std::to_string(id) + " at [" +
-                       std::to_string(slot.offset) + ", " +
-                       std::to_string(slot.offset + slot.bytes) +
-                       ") lies outside the planned footprint of " +
-                       Bytes(footprint_bytes));
+      return InvalidArgument("plan id " + std::to_string(id) + " at [" +
+                             std::to_string(slot.offset) + ", " +
+                             std::to_string(slot.offset + slot.bytes) +
+                             ") lies outside the planned footprint of " +
+                             Bytes(footprint_bytes));
     }
   }
   void* base = nullptr;
   if (footprint_bytes > 0) {
     size_t len = 0;
     if (!RoundUp(footprint_bytes, PageSize(), &len)) {
-      return Error(ArenaCode::kOutOfMemory, "planned footprint too large");
+      return ResourceExhausted("planned footprint too large");
     }
     base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
       const int err = errno;
-      return Error(ArenaCode::kOutOfMemory,
-                   "planned arena: allocating the " + Bytes(footprint_bytes) +
-                       " buffer failed: " + ErrnoText(err));
+      return ResourceExhausted("planned arena: allocating the " +
+                               Bytes(footprint_bytes) +
+                               " buffer failed: " + ErrnoText(err));
     }
   }
   out->reset(new PlannedArena(std::move(slots), base, footprint_bytes));
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 PlannedArena::PlannedArena(std::unordered_map<int64_t, Slot> slots, void* base,
@@ -87,23 +83,21 @@ PlannedArena::~PlannedArena() {
   }
 }
 
-ArenaStatus PlannedArena::AllocateLocked(size_t bytes, int64_t id,
-                                         Block* block) {
+Status PlannedArena::AllocateLocked(size_t bytes, int64_t id, Block* block) {
   auto it = slots_.find(id);
   const std::string ids = "plan id " + std::to_string(id);
   if (it == slots_.end()) {
-    return Error(ArenaCode::kPlanMismatch, ids + " is not in the plan");
+    return InvalidArgument(ids + " is not in the plan");
   }
   const Slot& slot = it->second;
   if (slot.bytes != bytes) {
-    return Error(ArenaCode::kPlanMismatch,
-                 ids + " is planned for " + Bytes(slot.bytes) + " but " +
-                     Bytes(bytes) + " were requested");
+    return InvalidArgument(ids + " is planned for " + Bytes(slot.bytes) +
+                           " but " + Bytes(bytes) + " were requested");
   }
   if (live_ids_.count(id) != 0) {
-    return Error(ArenaCode::kPlanMismatch,
-                 ids + " is already live (free it before allocating it "
-                       "again)");
+    return FailedPrecondition(ids +
+                              " is already live (free it before allocating it "
+                              "again)");
   }
   if (bytes > 0) {
     // The plan promises that slots live at the same time are disjoint; a run
@@ -124,12 +118,11 @@ ArenaStatus PlannedArena::AllocateLocked(size_t bytes, int64_t id,
       }
     }
     if (clash != nullptr) {
-      return Error(ArenaCode::kPlanMismatch,
-                   ids + " at [" + std::to_string(lo) + ", " +
-                       std::to_string(hi) + ") overlaps a live slot at [" +
-                       std::to_string(clash->first) + ", " +
-                       std::to_string(clash->second) +
-                       "): the run's lifetimes differ from the plan's");
+      return FailedPrecondition(
+          ids + " at [" + std::to_string(lo) + ", " + std::to_string(hi) +
+          ") overlaps a live slot at [" + std::to_string(clash->first) + ", " +
+          std::to_string(clash->second) +
+          "): the run's lifetimes differ from the plan's");
     }
     live_ranges_.emplace(lo, hi);
     block->ptr = static_cast<char*>(base_) + slot.offset;
@@ -137,7 +130,7 @@ ArenaStatus PlannedArena::AllocateLocked(size_t bytes, int64_t id,
   live_ids_.insert(id);
   block->reserved_bytes = bytes;
   block->cookie = static_cast<uint64_t>(id);
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 void PlannedArena::FreeLocked(const Block& block) {

@@ -24,9 +24,9 @@ class PlannedArena : public LockedArena {
     uint64_t bytes = 0;
   };
   // Every slot must be 64-byte aligned and lie inside `footprint_bytes`.
-  static ArenaStatus Create(std::unordered_map<int64_t, Slot> slots,
-                            uint64_t footprint_bytes,
-                            std::unique_ptr<HostArena>* out);
+  static Status Create(std::unordered_map<int64_t, Slot> slots,
+                       uint64_t footprint_bytes,
+                       std::unique_ptr<HostArena>* out);
   ~PlannedArena() override;
 
   ArenaMode mode() const override { return ArenaMode::kPlanned; }
@@ -35,7 +35,7 @@ class PlannedArena : public LockedArena {
   bool SlotOf(int64_t id, Slot* slot) const;
 
  protected:
-  ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
   void FreeLocked(const Block& block) override;
   void FillStatsLocked(ArenaStats* stats) const override;
 

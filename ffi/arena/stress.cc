@@ -76,7 +76,7 @@ void StressThread(HostArena* arena, const StressOptions& opt, int t,
       note("checksum mismatch in handle " + FormatHandle(l.a.handle) +
            " (" + Bytes(l.a.bytes) + ")");
     }
-    ArenaStatus st = arena->Free(l.a.handle);
+    Status st = arena->Free(l.a.handle);
     if (!st.ok()) {
       ++r->free_failures;
       note(st.message());
@@ -96,7 +96,7 @@ void StressThread(HostArena* arena, const StressOptions& opt, int t,
                                    std::max<size_t>(opt.max_bytes, 1));
       }
       Live l;
-      ArenaStatus st = arena->Allocate(bytes, &l.a);
+      Status st = arena->Allocate(bytes, &l.a);
       if (!st.ok()) {
         ++r->alloc_failures;
         note(st.message());

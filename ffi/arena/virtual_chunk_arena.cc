@@ -19,7 +19,6 @@ namespace jaxmem {
 
 using arena_internal::Bytes;
 using arena_internal::ErrnoText;
-using arena_internal::Error;
 using arena_internal::PageSize;
 
 namespace {
@@ -44,34 +43,35 @@ int MemfdCreate(const char* name) {
 
 }  // namespace
 
-ArenaStatus VirtualChunkArena::Create(size_t chunk_bytes,
-                                      size_t capacity_bytes,
-                                      std::unique_ptr<HostArena>* out,
-                                      bool populate) {
+Status VirtualChunkArena::Create(size_t chunk_bytes, size_t capacity_bytes,
+                                 std::unique_ptr<HostArena>* out,
+                                 bool populate) {
   const size_t page = PageSize();
   if (chunk_bytes == 0 || chunk_bytes % page != 0) {
-    return Error(ArenaCode::kInvalidArgument,
-                 "chunk_bytes must be a positive multiple of the page size (" +
-                     Bytes(page) + "), got " + std::to_string(chunk_bytes));
+    return InvalidArgument(
+        "chunk_bytes must be a positive multiple of the page size (" +
+        Bytes(page) + "), got " + std::to_string(chunk_bytes));
   }
   if (capacity_bytes % chunk_bytes != 0) {
-    return Error(ArenaCode::kInvalidArgument,
-                 "capacity_bytes (" + std::to_string(capacity_bytes) +
-                     ") must be a multiple of chunk_bytes (" +
-                     std::to_string(chunk_bytes) + ") or 0 for unbounded");
+    return InvalidArgument("capacity_bytes (" + std::to_string(capacity_bytes) +
+                           ") must be a multiple of chunk_bytes (" +
+                           std::to_string(chunk_bytes) +
+                           ") or 0 for unbounded");
   }
   const int fd = MemfdCreate("jaxmem-host-arena");
   if (fd < 0) {
     const int err = errno;
-    return Error(ArenaCode::kUnavailable,
-                 "virtual host arena needs memfd_create (Linux >= 3.17), "
-                 "which failed: " +
-                     ErrnoText(err) +
-                     "; use the 'best_fit' or 'planned' mode instead");
+    // ENOMEM is the kernel out of memory, not the mechanism missing.
+    return Status(err == ENOMEM ? StatusCode::kResourceExhausted
+                                : StatusCode::kUnavailable,
+                  "virtual host arena needs memfd_create (Linux >= 3.17), "
+                  "which failed: " +
+                      ErrnoText(err) +
+                      "; use the 'best_fit' or 'planned' mode instead");
   }
   out->reset(
       new VirtualChunkArena(fd, chunk_bytes, capacity_bytes, populate));
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 VirtualChunkArena::VirtualChunkArena(int fd, size_t chunk_bytes,
@@ -87,9 +87,9 @@ VirtualChunkArena::~VirtualChunkArena() {
   ::close(fd_);
 }
 
-ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
-                                              Block* block) {
-  if (bytes == 0) return ArenaStatus::Ok();
+Status VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
+                                         Block* block) {
+  if (bytes == 0) return Status::Ok();
   const uint64_t n = bytes / chunk_bytes_ + (bytes % chunk_bytes_ != 0);
   // A freed range of exactly n chunks that is still mapped: reuse it whole
   // (no mmap, no page faults), the most recently freed first (warmest).
@@ -106,7 +106,7 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
     block->reserved_bytes = range.span;
     block->cookie = cookie;
     ranges_.emplace(cookie, std::move(range));
-    return ArenaStatus::Ok();
+    return Status::Ok();
   }
   // Kept ranges hold free chunks: unmap the oldest ones until the free list
   // can serve the request, before the pool may grow. So the footprint is
@@ -119,20 +119,18 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
   if (free_chunks_.size() < n) {
     const uint64_t need = n - free_chunks_.size();
     if (capacity_chunks_ != 0 && pool_chunks_ + need > capacity_chunks_) {
-      return Error(ArenaCode::kOutOfMemory,
-                   "virtual arena out of capacity: " + Bytes(bytes) +
-                       " need " + std::to_string(n) + " chunks of " +
-                       Bytes(chunk_bytes_) + ", " +
-                       std::to_string(free_chunks_.size()) +
-                       " are free and the pool may grow by only " +
-                       std::to_string(capacity_chunks_ - pool_chunks_));
+      return ResourceExhausted(
+          "virtual arena out of capacity: " + Bytes(bytes) + " need " +
+          std::to_string(n) + " chunks of " + Bytes(chunk_bytes_) + ", " +
+          std::to_string(free_chunks_.size()) +
+          " are free and the pool may grow by only " +
+          std::to_string(capacity_chunks_ - pool_chunks_));
     }
     const uint64_t new_size = (pool_chunks_ + need) * chunk_bytes_;
     if (::ftruncate(fd_, static_cast<off_t>(new_size)) != 0) {
       const int err = errno;
-      return Error(ArenaCode::kOutOfMemory,
-                   "virtual arena: growing the physical pool to " +
-                       Bytes(new_size) + " failed: " + ErrnoText(err));
+      return ResourceExhausted("virtual arena: growing the physical pool to " +
+                               Bytes(new_size) + " failed: " + ErrnoText(err));
     }
     for (uint64_t c = pool_chunks_; c < pool_chunks_ + need; ++c) {
       free_chunks_.insert(free_chunks_.end(), c);
@@ -147,9 +145,8 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     const int err = errno;
-    return Error(ArenaCode::kOutOfMemory,
-                 "virtual arena: reserving " + Bytes(span) +
-                     " of address space failed: " + ErrnoText(err));
+    return ResourceExhausted("virtual arena: reserving " + Bytes(span) +
+                             " of address space failed: " + ErrnoText(err));
   }
   std::vector<uint64_t> chunks;
   chunks.reserve(n);
@@ -171,14 +168,13 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
       ++unmap_calls_;
       ::munmap(base, span);
       for (uint64_t c : chunks) free_chunks_.insert(c);
-      return Error(ArenaCode::kOutOfMemory,
-                   "virtual arena: mapping " + std::to_string(j - i) +
-                       " chunk(s) into a " + Bytes(span) +
-                       " range failed: " + ErrnoText(err) +
-                       (err == ENOMEM
-                            ? " (too many mappings? see vm.max_map_count; "
-                              "use a larger chunk_bytes)"
-                            : ""));
+      return ResourceExhausted(
+          "virtual arena: mapping " + std::to_string(j - i) +
+          " chunk(s) into a " + Bytes(span) +
+          " range failed: " + ErrnoText(err) +
+          (err == ENOMEM ? " (too many mappings? see vm.max_map_count; "
+                           "use a larger chunk_bytes)"
+                         : ""));
     }
     i = j;
   }
@@ -188,7 +184,7 @@ ArenaStatus VirtualChunkArena::AllocateLocked(size_t bytes, int64_t /*id*/,
   block->reserved_bytes = span;
   block->cookie = cookie;
   block->populate = populate_;  // fresh page tables: see PopulateUnlocked
-  return ArenaStatus::Ok();
+  return Status::Ok();
 }
 
 void VirtualChunkArena::PopulateUnlocked(void* ptr, size_t bytes) {

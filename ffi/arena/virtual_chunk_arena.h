@@ -31,19 +31,19 @@ class VirtualChunkArena : public LockedArena {
  public:
   // `chunk_bytes` must be a positive multiple of the page size;
   // `capacity_bytes` caps the physical pool (0: unbounded). Fails with
-  // kUnavailable when memfd_create is missing (non-Linux or old kernels).
+  // Unavailable when memfd_create is missing (non-Linux or old kernels),
+  // ResourceExhausted when it fails for lack of memory.
   // `populate`: pre-fault every fresh mapping (outside the lock) for callers
   // that write the whole allocation at once (the host store); it commits
   // the pages, so replays that never touch their memory leave it off.
-  static ArenaStatus Create(size_t chunk_bytes, size_t capacity_bytes,
-                            std::unique_ptr<HostArena>* out,
-                            bool populate = false);
+  static Status Create(size_t chunk_bytes, size_t capacity_bytes,
+                       std::unique_ptr<HostArena>* out, bool populate = false);
   ~VirtualChunkArena() override;
 
   ArenaMode mode() const override { return ArenaMode::kVirtual; }
 
  protected:
-  ArenaStatus AllocateLocked(size_t bytes, int64_t id, Block* block) override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
   void FreeLocked(const Block& block) override;
   void FillStatsLocked(ArenaStats* stats) const override;
   void PopulateUnlocked(void* ptr, size_t bytes) override;

@@ -60,18 +60,6 @@ namespace {
 
 namespace nb = nanobind;
 
-[[noreturn]] void Raise(const ArenaStatus& st) {
-  PyObject* type = PyExc_ValueError;
-  switch (st.code()) {
-    case ArenaCode::kOutOfMemory: type = PyExc_MemoryError; break;
-    case ArenaCode::kUnavailable: type = PyExc_OSError; break;
-    case ArenaCode::kUnsupported: type = PyExc_TypeError; break;
-    default: break;
-  }
-  PyErr_SetString(type, st.message().c_str());
-  throw nb::python_error();
-}
-
 // The Python object: shares the arena with in-flight calls that released the
 // GIL, so `close()` never frees memory under a running copy or stress run.
 class PyHostArena {
@@ -81,11 +69,9 @@ class PyHostArena {
 
   std::shared_ptr<HostArena> Get() const {
     if (!arena_) {
-      PyErr_SetString(PyExc_ValueError,
-                      (std::string("the ") + ArenaModeName(mode_) +
-                       " host arena is closed")
-                          .c_str());
-      throw nb::python_error();
+      RaisePyError(FailedPrecondition(std::string("the ") +
+                                      ArenaModeName(mode_) +
+                                      " host arena is closed"));
     }
     return arena_;
   }
@@ -133,7 +119,7 @@ std::shared_ptr<HostArena> MakeArena(const std::string& mode,
                                      nb::handle sizes,
                                      std::optional<uint64_t> footprint) {
   std::unique_ptr<HostArena> arena;
-  ArenaStatus st;
+  Status st;
   if (mode == "virtual") {
     st = VirtualChunkArena::Create(chunk_bytes, capacity_bytes, &arena);
   } else if (mode == "best_fit") {
@@ -168,7 +154,7 @@ std::shared_ptr<HostArena> MakeArena(const std::string& mode,
                            "': expected 'virtual', 'best_fit' or 'planned'")
                               .c_str());
   }
-  if (!st.ok()) Raise(st);
+  if (!st.ok()) RaisePyError(st);
   return std::shared_ptr<HostArena>(std::move(arena));
 }
 
@@ -241,7 +227,7 @@ void RegisterArenaBindings(nb::module_& m) {
              std::optional<uint64_t> nbytes) {
             auto arena = self.Get();
             Allocation a;
-            ArenaStatus st;
+            Status st;
             if (arena->mode() == ArenaMode::kPlanned) {
               uint64_t n = 0;
               PlannedArena::Slot slot;
@@ -263,7 +249,7 @@ void RegisterArenaBindings(nb::module_& m) {
               }
               st = arena->Allocate(static_cast<size_t>(size_or_id), &a);
             }
-            if (!st.ok()) Raise(st);
+            if (!st.ok()) RaisePyError(st);
             return a.handle;
           },
           nb::arg("size_or_id"), nb::arg("nbytes") = nb::none(),
@@ -272,8 +258,8 @@ void RegisterArenaBindings(nb::module_& m) {
       .def(
           "free",
           [](PyHostArena& self, uint64_t handle) {
-            ArenaStatus st = self.Get()->Free(handle);
-            if (!st.ok()) Raise(st);
+            Status st = self.Get()->Free(handle);
+            if (!st.ok()) RaisePyError(st);
           },
           nb::arg("handle"),
           "Frees a live allocation; raises ValueError for a stale, "
@@ -282,8 +268,8 @@ void RegisterArenaBindings(nb::module_& m) {
           "lookup",
           [](PyHostArena& self, uint64_t handle) {
             Allocation a;
-            ArenaStatus st = self.Get()->Lookup(handle, &a);
-            if (!st.ok()) Raise(st);
+            Status st = self.Get()->Lookup(handle, &a);
+            if (!st.ok()) RaisePyError(st);
             nb::dict d;
             d["handle"] = a.handle;
             d["address"] = reinterpret_cast<uintptr_t>(a.ptr);
@@ -299,12 +285,12 @@ void RegisterArenaBindings(nb::module_& m) {
             auto arena = self.Get();
             const void* src = data.data();
             const size_t n = data.shape(0);
-            ArenaStatus st;
+            Status st;
             {
               nb::gil_scoped_release release;
               st = arena->Write(handle, offset, src, n);
             }
-            if (!st.ok()) Raise(st);
+            if (!st.ok()) RaisePyError(st);
           },
           nb::arg("handle"), nb::arg("data"), nb::arg("offset") = 0,
           "Copies a 1-D contiguous uint8 array into the allocation.")
@@ -314,8 +300,8 @@ void RegisterArenaBindings(nb::module_& m) {
              std::optional<size_t> nbytes) {
             auto arena = self.Get();
             Allocation a;
-            ArenaStatus st = arena->Lookup(handle, &a);
-            if (!st.ok()) Raise(st);
+            Status st = arena->Lookup(handle, &a);
+            if (!st.ok()) RaisePyError(st);
             const size_t n = nbytes.value_or(
                 a.bytes >= offset ? a.bytes - offset : 0);
             uint8_t* buf = new uint8_t[n > 0 ? n : 1];
@@ -326,7 +312,7 @@ void RegisterArenaBindings(nb::module_& m) {
               nb::gil_scoped_release release;
               st = arena->Read(handle, offset, buf, n);
             }
-            if (!st.ok()) Raise(st);
+            if (!st.ok()) RaisePyError(st);
             return U8Array(buf, {n}, owner);
           },
           nb::arg("handle"), nb::arg("offset") = 0,
@@ -345,9 +331,8 @@ void RegisterArenaBindings(nb::module_& m) {
           "Counters and fragmentation, as a dict.")
       .def(
           "stress",
-          [](PyHostArena& self, uint64_t n_ops, uint64_t seed,
-             size_t max_bytes, int threads, size_t max_live,
-             uint64_t bad_handle_every) {
+          [](PyHostArena& self, uint64_t n_ops, uint64_t seed, size_t max_bytes,
+             int threads, size_t max_live, uint64_t bad_handle_every) {
             return RunStressPy(self.Get(), n_ops, seed, max_bytes, threads,
                                max_live, bad_handle_every);
           },

@@ -8,6 +8,7 @@
 
 #include "arena/host_arena.h"
 #include "nanobind/nanobind.h"
+#include "status.h"
 
 namespace jaxmem {
 
@@ -24,6 +25,16 @@ void RegisterArenaBindings(nanobind::module_& m);
 
 // dsa_solve, dsa_check, dsa_max_load (dsa_bindings.cc).
 void RegisterDsaBindings(nanobind::module_& m);
+
+// Raises `status` (not ok) as a Python exception:
+//   InvalidArgument, FailedPrecondition -> ValueError
+//   ResourceExhausted                   -> MemoryError
+//   Unavailable                         -> OSError
+//   Unimplemented                       -> TypeError
+//   Internal                            -> RuntimeError
+// `type` overrides the table for functions whose documented contract names
+// one exception for every failure (store_put, store_configure: ValueError).
+[[noreturn]] void RaisePyError(const Status& status, PyObject* type = nullptr);
 
 // An arena's stats as a dict: HostArena.stats() and store_stats()["arena"]
 // (arena_bindings.cc).

@@ -71,12 +71,11 @@ void RegisterCopyEngineBindings(nb::module_& m) {
   m.def(
       "set_copy_cpus",
       [](std::vector<int> cpus) {
-        std::string err = CopyEngine::Global().SetCpus(cpus);
-        if (!err.empty()) throw nb::value_error(err.c_str());
+        Status st = CopyEngine::Global().SetCpus(cpus);
+        if (!st.ok()) RaisePyError(st);  // InvalidArgument: ValueError
       },
       nb::arg("cpus"),
       "Pins the copy workers to these CPUs (empty list: no pinning).");
-
 }
 
 }  // namespace jaxmem

@@ -58,8 +58,10 @@ void RegisterStoreBindings(nb::module_& m) {
         config.chunk_bytes = chunk_bytes;
         config.segment_bytes = segment_bytes;
         config.capacity_bytes = capacity_bytes;
-        std::string err = HostStore::Global().Configure(config);
-        if (!err.empty()) throw nb::value_error(err.c_str());
+        Status st = HostStore::Global().Configure(config);
+        // Documented (jaxmem.native.store_configure): ValueError for every
+        // refusal, whatever its code.
+        if (!st.ok()) RaisePyError(st, PyExc_ValueError);
       },
       nb::arg("mode"), nb::arg("chunk_bytes"), nb::arg("segment_bytes"),
       nb::arg("capacity_bytes"),
@@ -91,12 +93,14 @@ void RegisterStoreBindings(nb::module_& m) {
         const void* src = data.c_str();
         const size_t n = data.size();
         uint64_t id = 0;
-        std::string err;
+        Status st;
         {
           nb::gil_scoped_release release;
-          err = HostStore::Global().Put(src, n, dtype_code, &id);
+          st = HostStore::Global().Put(src, n, dtype_code, &id);
         }
-        if (!err.empty()) throw nb::value_error(err.c_str());
+        // ValueError for every failure, out of memory included, as since
+        // store_put exists (the FFI path reports RESOURCE_EXHAUSTED).
+        if (!st.ok()) RaisePyError(st, PyExc_ValueError);
         return id;
       },
       nb::arg("data"), nb::arg("dtype_code") = kU8,
@@ -113,12 +117,12 @@ void RegisterStoreBindings(nb::module_& m) {
             nullptr, static_cast<Py_ssize_t>(nbytes)));
         if (!out.is_valid()) throw nb::python_error();
         char* dst = PyBytes_AS_STRING(out.ptr());
-        std::string err;
+        Status st;
         {
           nb::gil_scoped_release release;
-          err = HostStore::Global().Take(id, dst, nbytes, dtype_code);
+          st = HostStore::Global().Take(id, dst, nbytes, dtype_code);
         }
-        if (!err.empty()) throw nb::value_error(err.c_str());
+        if (!st.ok()) RaisePyError(st);  // InvalidArgument: ValueError
         return nb::borrow<nb::bytes>(out);
       },
       nb::arg("id"), nb::arg("nbytes"), nb::arg("dtype_code") = kU8,

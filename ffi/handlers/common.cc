@@ -8,6 +8,33 @@ namespace jaxmem {
 
 namespace ffi = xla::ffi;
 
+ffi::Error ToFfiError(const Status& status) {
+  ffi::ErrorCode code = ffi::ErrorCode::kInternal;
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return ffi::Error::Success();
+    case StatusCode::kInvalidArgument:
+      code = ffi::ErrorCode::kInvalidArgument;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = ffi::ErrorCode::kFailedPrecondition;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = ffi::ErrorCode::kResourceExhausted;
+      break;
+    case StatusCode::kUnavailable:
+      code = ffi::ErrorCode::kUnavailable;
+      break;
+    case StatusCode::kUnimplemented:
+      code = ffi::ErrorCode::kUnimplemented;
+      break;
+    case StatusCode::kInternal:
+      code = ffi::ErrorCode::kInternal;
+      break;
+  }
+  return ffi::Error(code, status.message());
+}
+
 bool IsCopyable(ffi::DataType t) {
   switch (t) {
     case ffi::DataType::S1:
@@ -25,6 +52,13 @@ bool IsCopyable(ffi::DataType t) {
   }
 }
 
+Status CheckCopyable(const char* op, ffi::DataType t) {
+  if (IsCopyable(t)) return Status::Ok();
+  return InvalidArgument(std::string("jaxmem ") + op + ": dtype " +
+                         TypeName(t) +
+                         " is not supported (sub-byte or token type)");
+}
+
 std::string TypeName(ffi::DataType t) {
   return DtypeName(static_cast<uint32_t>(t));
 }
@@ -39,11 +73,11 @@ void EncodeWords(uint64_t id, uint32_t* words) {
   words[1] = static_cast<uint32_t>(id >> 32);
 }
 
-ffi::Error CheckWords(const char* what, const char* op, size_t n) {
-  if (n == 2) return ffi::Error::Success();
-  return ffi::Error::InvalidArgument(
-      std::string("jaxmem ") + op + ": a " + what + " must be uint32[2], got " +
-      std::to_string(n) + " elements");
+Status CheckWords(const char* what, const char* op, size_t n) {
+  if (n == 2) return Status::Ok();
+  return InvalidArgument(std::string("jaxmem ") + op + ": a " + what +
+                         " must be uint32[2], got " + std::to_string(n) +
+                         " elements");
 }
 
 }  // namespace jaxmem

@@ -9,6 +9,7 @@
 #include "handlers/common.h"
 #include "handlers/handlers.h"
 #include "host_store.h"
+#include "status.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -16,48 +17,41 @@ namespace ffi = xla::ffi;
 namespace jaxmem {
 namespace {
 
-ffi::Error OffloadImpl(ffi::AnyBuffer x,
-                       ffi::ResultBufferR1<ffi::U32> handle) {
+Status Offload(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
   if (handle->element_count() != 2) {
-    return ffi::Error::InvalidArgument(
+    return InvalidArgument(
         "jaxmem offload: the handle output must be uint32[2], got " +
         std::to_string(handle->element_count()) + " elements");
   }
-  if (!IsCopyable(x.element_type())) {
-    return ffi::Error::InvalidArgument(
-        "jaxmem offload: dtype " + TypeName(x.element_type()) +
-        " is not supported (sub-byte or token type)");
-  }
+  JAXMEM_RETURN_IF_ERROR(CheckCopyable("offload", x.element_type()));
   uint64_t id = 0;
-  std::string err =
-      HostStore::Global().Put(x.untyped_data(), x.size_bytes(),
-                              static_cast<uint32_t>(x.element_type()), &id);
-  if (!err.empty()) {
-    return ffi::Error::Internal("jaxmem offload: " + err);
-  }
+  // Out of host memory (the arena's capacity or the OS) is ResourceExhausted.
+  JAXMEM_RETURN_IF_ERROR(HostStore::Global()
+                             .Put(x.untyped_data(), x.size_bytes(),
+                                  static_cast<uint32_t>(x.element_type()), &id)
+                             .Prefixed("jaxmem offload: "));
   EncodeWords(id, handle->typed_data());
-  return ffi::Error::Success();
+  return Status::Ok();
+}
+
+Status Fetch(ffi::BufferR1<ffi::U32> handle, ffi::Result<ffi::AnyBuffer> out) {
+  JAXMEM_RETURN_IF_ERROR(CheckWords("handle", "fetch", handle.element_count()));
+  JAXMEM_RETURN_IF_ERROR(CheckCopyable("fetch", out->element_type()));
+  // A stale / foreign / already fetched handle or a shape or dtype mismatch
+  // is InvalidArgument.
+  return HostStore::Global()
+      .Take(DecodeWords(handle.typed_data()), out->untyped_data(),
+            out->size_bytes(), static_cast<uint32_t>(out->element_type()))
+      .Prefixed("jaxmem fetch: ");
+}
+
+ffi::Error OffloadImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
+  return ToFfiError(Offload(x, handle));
 }
 
 ffi::Error FetchImpl(ffi::BufferR1<ffi::U32> handle, ffi::AnyBuffer /*dep*/,
                      ffi::Result<ffi::AnyBuffer> out) {
-  if (ffi::Error e = CheckWords("handle", "fetch", handle.element_count());
-      e.failure()) {
-    return e;
-  }
-  if (!IsCopyable(out->element_type())) {
-    return ffi::Error::InvalidArgument(
-        "jaxmem fetch: dtype " + TypeName(out->element_type()) +
-        " is not supported (sub-byte or token type)");
-  }
-  const uint64_t id = DecodeWords(handle.typed_data());
-  std::string err = HostStore::Global().Take(
-      id, out->untyped_data(), out->size_bytes(),
-      static_cast<uint32_t>(out->element_type()));
-  if (!err.empty()) {
-    return ffi::Error::InvalidArgument("jaxmem fetch: " + err);
-  }
-  return ffi::Error::Success();
+  return ToFfiError(Fetch(handle, out));
 }
 
 }  // namespace
