@@ -89,21 +89,21 @@ Status CopyEngine::SetCpus(const std::vector<int>& cpus) {
   Status st;
   std::thread([&] { st = PinThread(cpus); }).join();
   if (!st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   cpus_ = cpus;
   ++generation_;  // running workers retire when idle; new ones get the mask
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
   return Status::Ok();
 }
 
 void CopyEngine::SetThreads(int n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   desired_threads_ = n < 0 ? 0 : (n > 64 ? 64 : n);
   stats_.threads = desired_threads_;
   // Surplus workers exit when they next wake up; missing ones start with the
   // next submitted copy. Jobs queued while the count drops to 0 are still
   // served: workers only exit on an empty queue.
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
 }
 
 void CopyEngine::EnsureWorkersLocked() {
@@ -120,12 +120,13 @@ void CopyEngine::EnsureWorkersLocked() {
 }
 
 void CopyEngine::WorkerLoop(uint64_t generation) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] {
-      return !queue_.empty() || running_threads_ > desired_threads_ ||
-             generation != generation_;
-    });
+    // Until there is a job, or this worker is surplus or stale.
+    while (queue_.empty() && running_threads_ <= desired_threads_ &&
+           generation == generation_) {
+      work_cv_.Wait(&mu_);
+    }
     if (queue_.empty() || generation != generation_) {
       // Surplus (SetThreads lowered the count) or stale (SetCpus): retire,
       // and let a fresh worker with the new mask take over the queue.
@@ -135,22 +136,23 @@ void CopyEngine::WorkerLoop(uint64_t generation) {
     }
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
-    RunUnlocked(lock, *job);
+    RunUnlocked(*job);
   }
 }
 
-double CopyEngine::RunUnlocked(std::unique_lock<std::mutex>& lock, Job& job) {
+double CopyEngine::RunUnlocked(Job& job) {
   job.started = true;
-  lock.unlock();
+  // The caller's lock on mu_ is released for the copy and held again after.
+  mu_.Unlock();
   auto t0 = std::chrono::steady_clock::now();
   RunJob(job);
   double dt = Seconds(t0);
-  lock.lock();
+  mu_.Lock();
   job.finished = true;
   pending_.erase(job.seq);
   stats_.bytes_copied += job.bytes;
   stats_.copy_seconds += dt;
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
   return dt;
 }
 
@@ -162,7 +164,7 @@ void CopyEngine::RunJob(Job& job) {
 }
 
 uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t ticket = next_ticket_++;
   job->seq = next_seq_++;
   tickets_.emplace(ticket, job);
@@ -174,13 +176,13 @@ uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
   }
   if (desired_threads_ == 0) {
     // Inline mode: copy now, on the caller's thread.
-    RunUnlocked(lock, *job);
+    RunUnlocked(*job);
     return ticket;
   }
   pending_.insert(job->seq);
   queue_.push_back(std::move(job));
   EnsureWorkersLocked();
-  work_cv_.notify_one();
+  work_cv_.NotifyOne();
   return ticket;
 }
 
@@ -197,64 +199,60 @@ std::string CopyEngine::TicketMessageLocked(uint64_t ticket) const {
          "a made-up value, or garbage)";
 }
 
-void CopyEngine::DrainLocked(std::unique_lock<std::mutex>& lock) {
+void CopyEngine::DrainLocked() {
   const uint64_t target = next_seq_;
-  done_cv_.wait(lock, [&] {
-    return pending_.empty() || *pending_.begin() >= target;
-  });
+  while (!pending_.empty() && *pending_.begin() < target) done_cv_.Wait(&mu_);
 }
 
 void CopyEngine::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  DrainLocked(lock);
+  MutexLock lock(&mu_);
+  DrainLocked();
 }
 
 Status CopyEngine::Fail(Status status) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.total_errors;
   // XLA aborts the execution on this error and releases its buffers: let
   // every copy that may still touch them finish first.
-  DrainLocked(lock);
+  DrainLocked();
   return status;
 }
 
 Status CopyEngine::Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
                          std::shared_ptr<Job>* out) {
   std::shared_ptr<Job> job;
+  Status refused;  // reported by Fail, which takes mu_ itself
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) {
-      Status st = InvalidArgument(TicketMessageLocked(ticket));
-      lock.unlock();
-      return Fail(std::move(st));
-    }
-    if (it->second->kind != kind) {
-      Status st = InvalidArgument("copy ticket " + FormatHandle(ticket) +
-                                  " belongs to " + KindName(it->second->kind) +
-                                  "_start, not " + KindName(kind) +
-                                  "_start; the ticket is kept");
-      lock.unlock();
-      return Fail(std::move(st));
-    }
-    job = std::move(it->second);
-    tickets_.erase(it);
-    if (!job->finished && !job->started) {
-      // Steal it: no worker has started it, run it on this thread now.
-      for (auto q = queue_.begin(); q != queue_.end(); ++q) {
-        if (q->get() == job.get()) {
-          queue_.erase(q);
-          break;
+      refused = InvalidArgument(TicketMessageLocked(ticket));
+    } else if (it->second->kind != kind) {
+      refused = InvalidArgument("copy ticket " + FormatHandle(ticket) +
+                                " belongs to " + KindName(it->second->kind) +
+                                "_start, not " + KindName(kind) +
+                                "_start; the ticket is kept");
+    } else {
+      job = std::move(it->second);
+      tickets_.erase(it);
+      if (!job->finished && !job->started) {
+        // Steal it: no worker has started it, run it on this thread now.
+        for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+          if (q->get() == job.get()) {
+            queue_.erase(q);
+            break;
+          }
         }
+        ++stats_.stolen;
+        stats_.wait_seconds += RunUnlocked(*job);
+      } else if (!job->finished) {
+        auto t0 = std::chrono::steady_clock::now();
+        while (!job->finished) done_cv_.Wait(&mu_);
+        stats_.wait_seconds += Seconds(t0);
       }
-      ++stats_.stolen;
-      stats_.wait_seconds += RunUnlocked(lock, *job);
-    } else if (!job->finished) {
-      auto t0 = std::chrono::steady_clock::now();
-      done_cv_.wait(lock, [&] { return job->finished; });
-      stats_.wait_seconds += Seconds(t0);
     }
   }
+  if (!refused.ok()) return Fail(std::move(refused));
   const void* expected = kind == CopyKind::kOffload ? job->src : job->dst;
   if (job->bytes > 0 && xla_buffer != expected) {
     return Fail(InvalidArgument(
@@ -263,7 +261,7 @@ Status CopyEngine::Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
         "the copy was in flight, e.g. because the start and the done "
         "ran in different computations); the result is refused"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.total_finished;
   *out = std::move(job);
   return Status::Ok();
@@ -327,8 +325,8 @@ uint64_t CopyEngine::Clear() {
   std::unordered_map<uint64_t, std::shared_ptr<Job>> doomed;
   uint64_t freed = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    DrainLocked(lock);
+    MutexLock lock(&mu_);
+    DrainLocked();
     doomed.swap(tickets_);
     for (const auto& [ticket, job] : doomed) freed += job->host.bytes();
   }
@@ -336,7 +334,7 @@ uint64_t CopyEngine::Clear() {
 }
 
 CopyEngineStats CopyEngine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   CopyEngineStats s = stats_;
   s.cpus = cpus_;
   s.outstanding = tickets_.size();

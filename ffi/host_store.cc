@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -265,7 +264,7 @@ Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
   if (bytes == 0) return Status::Ok();
   std::shared_ptr<HostArena> arena;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Status st = EnsureArenaLocked(&arena);
     if (!st.ok()) return st;
   }
@@ -274,7 +273,7 @@ Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
   Allocation a;
   Status st = arena->Allocate(bytes, &a);
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return st.Prefixed("out of host memory allocating " +
                        std::to_string(bytes) + " bytes (host store holds " +
                        std::to_string(stats_.live_bytes) + " bytes in " +
@@ -289,14 +288,14 @@ Status HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
   HostBuffer buffer;
   if (bytes > 0) {
     if (data == nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.total_errors;
       return InvalidArgument("source buffer is null but has " +
                              std::to_string(bytes) + " bytes");
     }
     Status st = AllocateBuffer(bytes, &buffer);
     if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.total_errors;
       return st;
     }
@@ -310,7 +309,7 @@ Status HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
 Status HostStore::Configure(const HostArenaConfig& config) {
   std::shared_ptr<HostArena> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EnsureConfigLocked();  // so that the environment cannot override it later
     if (!entries_.empty()) {
       return FailedPrecondition(
@@ -345,7 +344,7 @@ Status HostStore::Configure(const HostArenaConfig& config) {
 
 HostArenaConfig HostStore::Config(std::string* source,
                                   std::string* error) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EnsureConfigLocked();
   if (source != nullptr) *source = config_source_;
   if (error != nullptr) *error = config_error_;
@@ -398,7 +397,7 @@ Status HostStore::Take(uint64_t id, void* dst, size_t bytes,
                        uint32_t dtype_code) {
   Entry entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Status st = EraseChecked(id, bytes, dtype_code, dst != nullptr, &entry);
     if (!st.ok()) return st;
   }
@@ -416,7 +415,7 @@ Status HostStore::Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
   entry.data = std::move(buffer);
   entry.bytes = bytes;
   entry.dtype_code = dtype_code;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t new_id = next_id_++;
   ++issued_;
   entries_.emplace(new_id, std::move(entry));
@@ -434,7 +433,7 @@ Status HostStore::Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
                          HostBuffer* out) {
   Entry entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Status st = EraseChecked(id, bytes, dtype_code, true, &entry);
     if (!st.ok()) return st;
   }
@@ -443,7 +442,7 @@ Status HostStore::Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
 }
 
 bool HostStore::Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
   if (bytes != nullptr) *bytes = it->second.bytes;
@@ -456,7 +455,7 @@ HostStoreStats HostStore::Stats() const {
   std::shared_ptr<HostArena> arena;
   HostArenaConfig config;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EnsureConfigLocked();
     s = stats_;
     arena = arena_;
@@ -485,7 +484,7 @@ uint64_t HostStore::Clear() {
   std::shared_ptr<HostArena> old;
   uint64_t freed = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     doomed.swap(entries_);
     freed = stats_.live_bytes;
     stats_.live_bytes = 0;

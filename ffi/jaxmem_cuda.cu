@@ -36,7 +36,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -44,7 +43,9 @@
 #include "handlers/common.h"
 #include "host_store.h"
 #include "ids.h"
+#include "mutex.h"
 #include "status.h"
+#include "thread_annotations.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -81,7 +82,7 @@ class PinnedPool {
     return *pool;
   }
 
-  cudaError_t Allocate(size_t bytes, HostBuffer* out) {
+  cudaError_t Allocate(size_t bytes, HostBuffer* out) EXCLUDES(mu_) {
     if (bytes == 0) {
       *out = HostBuffer();
       return cudaSuccess;
@@ -89,7 +90,7 @@ class PinnedPool {
     const size_t rounded = (bytes + 4095) / 4096 * 4096;
     void* p = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = free_.lower_bound(rounded);
       if (it != free_.end() && it->first - rounded <= rounded / 8) {
         p = it->second;
@@ -101,7 +102,7 @@ class PinnedPool {
     if (p == nullptr) {
       cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocPortable);
       if (err != cudaSuccess) return err;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sizes_[p] = rounded;
     }
     *out = HostBuffer(p, bytes, &PinnedPool::Release);
@@ -111,18 +112,18 @@ class PinnedPool {
   // The HostBuffer deleter. May run in a CUDA host callback: no CUDA calls.
   static void Release(void* p, size_t /*bytes*/) {
     PinnedPool& pool = Global();
-    std::lock_guard<std::mutex> lock(pool.mu_);
+    MutexLock lock(&pool.mu_);
     auto it = pool.sizes_.find(p);
     if (it == pool.sizes_.end()) return;  // not ours: leak rather than crash
     pool.free_.emplace(it->second, p);
     pool.cached_ += it->second;
   }
 
-  uint64_t Clear() {
+  uint64_t Clear() EXCLUDES(mu_) {
     std::multimap<size_t, void*> doomed;
     uint64_t freed = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       doomed.swap(free_);
       freed = cached_;
       cached_ = 0;
@@ -133,10 +134,11 @@ class PinnedPool {
   }
 
  private:
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  std::unordered_map<void*, size_t> sizes_;  // every block we allocated
-  uint64_t cached_ = 0;
+  Mutex mu_;
+  std::multimap<size_t, void*> free_ GUARDED_BY(mu_);
+  // Every block we allocated.
+  std::unordered_map<void*, size_t> sizes_ GUARDED_BY(mu_);
+  uint64_t cached_ GUARDED_BY(mu_) = 0;
 };
 
 // Events and copy streams ----------------------------------------------------
@@ -158,26 +160,35 @@ cudaError_t NewEvent(Event* out) {
 }
 
 // One non-blocking copy stream per device, created on first use.
-cudaError_t CopyStream(cudaStream_t* out) {
-  static std::mutex mu;
-  static std::unordered_map<int, cudaStream_t>* streams =
-      new std::unordered_map<int, cudaStream_t>();
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = streams->find(device);
-  if (it != streams->end()) {
-    *out = it->second;
+class CopyStreams {
+ public:
+  static CopyStreams& Global() {
+    static CopyStreams* streams = new CopyStreams();  // leaked, like the store
+    return *streams;
+  }
+
+  cudaError_t Get(cudaStream_t* out) EXCLUDES(mu_) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    MutexLock lock(&mu_);
+    auto it = streams_.find(device);
+    if (it != streams_.end()) {
+      *out = it->second;
+      return cudaSuccess;
+    }
+    cudaStream_t s = nullptr;
+    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err != cudaSuccess) return err;
+    streams_[device] = s;
+    *out = s;
     return cudaSuccess;
   }
-  cudaStream_t s = nullptr;
-  err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (err != cudaSuccess) return err;
-  (*streams)[device] = s;
-  *out = s;
-  return cudaSuccess;
-}
+
+ private:
+  Mutex mu_;
+  std::unordered_map<int, cudaStream_t> streams_ GUARDED_BY(mu_);
+};
 
 // Makes `waiter` wait for all work enqueued on `producer` so far.
 cudaError_t Order(cudaStream_t producer, cudaStream_t waiter) {
@@ -209,8 +220,8 @@ class Tickets {
     return *t;
   }
 
-  uint64_t Add(std::unique_ptr<Job> job) {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t Add(std::unique_ptr<Job> job) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     uint64_t id = next_++;
     jobs_.emplace(id, std::move(job));
     return id;
@@ -219,8 +230,8 @@ class Tickets {
   // InvalidArgument for a stale, foreign or other-kind ticket, or a moved
   // buffer.
   Status Claim(uint64_t id, Kind kind, const void* device_buffer,
-               std::unique_ptr<Job>* out) {
-    std::lock_guard<std::mutex> lock(mu_);
+               std::unique_ptr<Job>* out) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) {
       return InvalidArgument(
@@ -245,11 +256,11 @@ class Tickets {
     return Status::Ok();
   }
 
-  uint64_t Clear() {
+  uint64_t Clear() EXCLUDES(mu_) {
     std::unordered_map<uint64_t, std::unique_ptr<Job>> doomed;
     uint64_t freed = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       doomed.swap(jobs_);
     }
     for (auto& [id, job] : doomed) freed += job->host.bytes();
@@ -257,10 +268,10 @@ class Tickets {
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_;
+  Mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_ GUARDED_BY(mu_);
   const uint64_t first_ = RandomFirstId();
-  uint64_t next_ = first_;
+  uint64_t next_ GUARDED_BY(mu_) = first_;
 };
 
 // Device <-> host ids --------------------------------------------------------
@@ -381,7 +392,8 @@ Status OffloadStart(cudaStream_t stream, ffi::AnyBuffer x,
     return InvalidArgument("jaxmem offload_start: unsupported dtype");
   }
   cudaStream_t copy_stream = nullptr;
-  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream",
+                              CopyStreams::Global().Get(&copy_stream));
   auto job = std::make_unique<Job>();
   job->kind = Kind::kOffload;
   job->device_buffer = x.untyped_data();
@@ -465,7 +477,8 @@ Status FetchStart(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
   uint64_t hid = 0;
   JAXMEM_RETURN_IF_ERROR(ReadId(stream, handle, "handle", &hid));
   cudaStream_t copy_stream = nullptr;
-  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream",
+                              CopyStreams::Global().Get(&copy_stream));
   auto job = std::make_unique<Job>();
   job->kind = Kind::kFetch;
   job->device_buffer = buf->untyped_data();

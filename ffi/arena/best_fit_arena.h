@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "arena/locked_arena.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -31,9 +33,10 @@ class BestFitCachingArena : public LockedArena {
   ArenaMode mode() const override { return ArenaMode::kBestFit; }
 
  protected:
-  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
-  void FreeLocked(const Block& block) override;
-  void FillStatsLocked(ArenaStats* stats) const override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override
+      REQUIRES(mu_);
+  void FreeLocked(const Block& block) override REQUIRES(mu_);
+  void FillStatsLocked(ArenaStats* stats) const override REQUIRES(mu_);
 
  private:
   struct Piece {
@@ -42,15 +45,17 @@ class BestFitCachingArena : public LockedArena {
     bool free = true;
   };
   BestFitCachingArena(size_t segment_bytes, size_t capacity_bytes);
-  void InsertFree(uintptr_t addr, size_t size);
-  void EraseFree(uintptr_t addr, size_t size);
+  void InsertFree(uintptr_t addr, size_t size) REQUIRES(mu_);
+  void EraseFree(uintptr_t addr, size_t size) REQUIRES(mu_);
 
-  size_t segment_bytes_;
-  size_t capacity_bytes_;
-  std::vector<std::pair<void*, size_t>> segments_;
-  uint64_t footprint_ = 0;
-  std::map<uintptr_t, Piece> pieces_;  // every block, by address
-  std::set<std::pair<size_t, uintptr_t>> free_;  // (size, addr), best fit
+  const size_t segment_bytes_;
+  const size_t capacity_bytes_;
+  std::vector<std::pair<void*, size_t>> segments_ GUARDED_BY(mu_);
+  uint64_t footprint_ GUARDED_BY(mu_) = 0;
+  // Every block, by address.
+  std::map<uintptr_t, Piece> pieces_ GUARDED_BY(mu_);
+  // (size, addr) of the free blocks, for best fit.
+  std::set<std::pair<size_t, uintptr_t>> free_ GUARDED_BY(mu_);
 };
 
 }  // namespace jaxmem

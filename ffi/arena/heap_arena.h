@@ -13,6 +13,8 @@
 #include <unordered_map>
 
 #include "arena/locked_arena.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -38,22 +40,25 @@ class HeapCachingArena : public LockedArena {
   ArenaMode mode() const override { return ArenaMode::kHeap; }
 
  protected:
-  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
-  void FreeLocked(const Block& block) override;
-  void FillStatsLocked(ArenaStats* stats) const override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override
+      REQUIRES(mu_);
+  void FreeLocked(const Block& block) override REQUIRES(mu_);
+  void FillStatsLocked(ArenaStats* stats) const override REQUIRES(mu_);
 
  private:
   HeapCachingArena(uint64_t cache_cap_bytes, size_t capacity_bytes);
-  void ReleaseCacheLocked();
+  void ReleaseCacheLocked() REQUIRES(mu_);
 
-  uint64_t cache_cap_;
-  size_t capacity_bytes_;
-  std::multimap<size_t, void*> cached_;     // rounded size -> buffer
-  std::unordered_map<void*, size_t> in_use_;  // handed out: buffer -> size
-  uint64_t cached_bytes_ = 0;
-  uint64_t live_rounded_ = 0;
-  uint64_t high_water_ = 0;  // max live_rounded_
-  uint64_t footprint_ = 0;   // live + cached
+  const uint64_t cache_cap_;
+  const size_t capacity_bytes_;
+  // Rounded size -> buffer.
+  std::multimap<size_t, void*> cached_ GUARDED_BY(mu_);
+  // Handed out: buffer -> size.
+  std::unordered_map<void*, size_t> in_use_ GUARDED_BY(mu_);
+  uint64_t cached_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t live_rounded_ GUARDED_BY(mu_) = 0;
+  uint64_t high_water_ GUARDED_BY(mu_) = 0;  // max live_rounded_
+  uint64_t footprint_ GUARDED_BY(mu_) = 0;   // live + cached
 };
 
 }  // namespace jaxmem

@@ -63,64 +63,65 @@ Status LockedArena::HandleErrorLocked(uint64_t handle, const char* verb,
 }
 
 Status LockedArena::AllocateCommon(size_t bytes, int64_t id, Allocation* out) {
-  std::unique_lock<std::mutex> lock(mu_);
   Block block;
-  Status st = AllocateLocked(bytes, id, &block);
-  if (!st.ok()) {
-    ++errors_;
-    return st;
+  {
+    MutexLock lock(&mu_);
+    Status st = AllocateLocked(bytes, id, &block);
+    if (!st.ok()) {
+      ++errors_;
+      return st;
+    }
+    block.bytes = bytes;
+    block.id = id;
+    const uint64_t handle = (tag_ << kSeqBits) | (next_seq_++ & kSeqMask);
+    live_.emplace(handle, block);
+    live_bytes_ += block.reserved_bytes;
+    requested_live_bytes_ += bytes;
+    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+    peak_requested_bytes_ =
+        std::max(peak_requested_bytes_, requested_live_bytes_);
+    ++allocs_;
+    out->handle = handle;
+    out->ptr = block.ptr;
+    out->bytes = bytes;
+    out->reserved_bytes = block.reserved_bytes;
+    out->id = id;
   }
-  block.bytes = bytes;
-  block.id = id;
-  const uint64_t handle = (tag_ << kSeqBits) | (next_seq_++ & kSeqMask);
-  live_.emplace(handle, block);
-  live_bytes_ += block.reserved_bytes;
-  requested_live_bytes_ += bytes;
-  peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
-  peak_requested_bytes_ = std::max(peak_requested_bytes_,
-                                   requested_live_bytes_);
-  ++allocs_;
-  out->handle = handle;
-  out->ptr = block.ptr;
-  out->bytes = bytes;
-  out->reserved_bytes = block.reserved_bytes;
-  out->id = id;
-  if (block.populate) {
-    lock.unlock();
-    PopulateUnlocked(block.ptr, block.reserved_bytes);
-  }
+  // Outside mu_: the block is not handed out yet (see PopulateUnlocked).
+  if (block.populate) PopulateUnlocked(block.ptr, block.reserved_bytes);
   return Status::Ok();
+}
+
+Status LockedArena::Refuse(Status status) {
+  MutexLock lock(&mu_);
+  ++errors_;
+  return status;
 }
 
 Status LockedArena::Allocate(size_t bytes, Allocation* out) {
   if (mode() == ArenaMode::kPlanned) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++errors_;
-    return Unimplemented(
-        "a planned arena allocates plan ids, not sizes: call "
-        "AllocateId(id, bytes)");
+    return Refuse(
+        Unimplemented("a planned arena allocates plan ids, not sizes: call "
+                      "AllocateId(id, bytes)"));
   }
   return AllocateCommon(bytes, -1, out);
 }
 
 Status LockedArena::AllocateId(int64_t id, size_t bytes, Allocation* out) {
   if (mode() != ArenaMode::kPlanned) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++errors_;
-    return Unimplemented(std::string("a ") + ArenaModeName(mode()) +
-                         " arena allocates sizes, not plan ids: call "
-                         "Allocate(bytes)");
+    return Refuse(Unimplemented(std::string("a ") + ArenaModeName(mode()) +
+                                " arena allocates sizes, not plan ids: call "
+                                "Allocate(bytes)"));
   }
   if (id < 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++errors_;
-    return InvalidArgument("plan id " + std::to_string(id) + " is negative");
+    return Refuse(
+        InvalidArgument("plan id " + std::to_string(id) + " is negative"));
   }
   return AllocateCommon(bytes, id, out);
 }
 
 Status LockedArena::Free(uint64_t handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "free", true);
   const Block block = it->second;
@@ -133,7 +134,7 @@ Status LockedArena::Free(uint64_t handle) {
 }
 
 Status LockedArena::Lookup(uint64_t handle, Allocation* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "look up", false);
   const Block& b = it->second;
@@ -147,7 +148,7 @@ Status LockedArena::Lookup(uint64_t handle, Allocation* out) const {
 
 Status LockedArena::Write(uint64_t handle, size_t offset, const void* src,
                           size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "write", false);
   const Block& b = it->second;
@@ -163,7 +164,7 @@ Status LockedArena::Write(uint64_t handle, size_t offset, const void* src,
 
 Status LockedArena::Read(uint64_t handle, size_t offset, void* dst,
                          size_t n) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(handle);
   if (it == live_.end()) return HandleErrorLocked(handle, "read", false);
   const Block& b = it->second;
@@ -178,7 +179,7 @@ Status LockedArena::Read(uint64_t handle, size_t offset, void* dst,
 }
 
 uint64_t LockedArena::FreeAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t n = live_.size();
   for (const auto& [handle, block] : live_) FreeLocked(block);
   live_.clear();
@@ -189,7 +190,7 @@ uint64_t LockedArena::FreeAll() {
 }
 
 ArenaStats LockedArena::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ArenaStats s;
   FillStatsLocked(&s);
   s.peak_footprint_bytes = std::max(peak_footprint_bytes_, s.footprint_bytes);

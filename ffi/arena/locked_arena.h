@@ -7,31 +7,35 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 
 #include "arena/host_arena.h"
+#include "mutex.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
 // Handle issue/validation, the live table, counters and locking. Subclasses
-// implement the `*Locked` hooks, called with `mu_` held.
+// implement the `*Locked` hooks, called with `mu_` held, and mark their own
+// mutable state GUARDED_BY(mu_). Public methods take `mu_` themselves.
 class LockedArena : public HostArena {
  public:
   LockedArena();
   LockedArena(const LockedArena&) = delete;
   LockedArena& operator=(const LockedArena&) = delete;
 
-  Status Allocate(size_t bytes, Allocation* out) override;
-  Status AllocateId(int64_t id, size_t bytes, Allocation* out) override;
-  Status Free(uint64_t handle) override;
-  Status Lookup(uint64_t handle, Allocation* out) const override;
+  Status Allocate(size_t bytes, Allocation* out) override EXCLUDES(mu_);
+  Status AllocateId(int64_t id, size_t bytes, Allocation* out) override
+      EXCLUDES(mu_);
+  Status Free(uint64_t handle) override EXCLUDES(mu_);
+  Status Lookup(uint64_t handle, Allocation* out) const override EXCLUDES(mu_);
   Status Write(uint64_t handle, size_t offset, const void* src,
-               size_t n) override;
+               size_t n) override EXCLUDES(mu_);
   Status Read(uint64_t handle, size_t offset, void* dst,
-              size_t n) const override;
-  uint64_t FreeAll() override;
-  ArenaStats Stats() const override;
+              size_t n) const override EXCLUDES(mu_);
+  uint64_t FreeAll() override EXCLUDES(mu_);
+  ArenaStats Stats() const override EXCLUDES(mu_);
 
  protected:
   // A block handed out by a subclass; `cookie` is the subclass's own data.
@@ -45,39 +49,44 @@ class LockedArena : public HostArena {
   };
 
   // Fill `block` for a request of `bytes` (`id` >= 0: planned slot).
-  virtual Status AllocateLocked(size_t bytes, int64_t id, Block* block) = 0;
+  virtual Status AllocateLocked(size_t bytes, int64_t id, Block* block)
+      REQUIRES(mu_) = 0;
   // Release a block previously returned by AllocateLocked.
-  virtual void FreeLocked(const Block& block) = 0;
+  virtual void FreeLocked(const Block& block) REQUIRES(mu_) = 0;
   // Fill the mode-specific fields: footprint, capacity, free-block shape,
   // map/segment counters. Live/requested/op counts are filled by the base.
-  virtual void FillStatsLocked(ArenaStats* stats) const = 0;
+  virtual void FillStatsLocked(ArenaStats* stats) const REQUIRES(mu_) = 0;
   // For blocks with `populate` set: prepares the pages (outside `mu_`,
   // before the allocation is returned).
-  virtual void PopulateUnlocked(void* /*ptr*/, size_t /*bytes*/) {}
+  virtual void PopulateUnlocked(void* /*ptr*/, size_t /*bytes*/) EXCLUDES(mu_) {
+  }
 
   // Called by subclasses when the footprint grows (counted in `grows`).
-  void NoteFootprintLocked(uint64_t footprint_bytes);
+  void NoteFootprintLocked(uint64_t footprint_bytes) REQUIRES(mu_);
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
 
  private:
   Status HandleErrorLocked(uint64_t handle, const char* verb,
-                           bool is_free) const;
-  Status AllocateCommon(size_t bytes, int64_t id, Allocation* out);
+                           bool is_free) const REQUIRES(mu_);
+  Status AllocateCommon(size_t bytes, int64_t id, Allocation* out)
+      EXCLUDES(mu_);
+  // Counts a refused call in `errors_` and returns `status`.
+  Status Refuse(Status status) EXCLUDES(mu_);
 
-  uint64_t tag_;        // arena tag (high handle bits)
-  uint64_t first_seq_;  // first sequence number issued
-  uint64_t next_seq_;   // next sequence number to issue
-  std::unordered_map<uint64_t, Block> live_;
-  uint64_t live_bytes_ = 0;
-  uint64_t peak_live_bytes_ = 0;
-  uint64_t requested_live_bytes_ = 0;
-  uint64_t peak_requested_bytes_ = 0;
-  uint64_t peak_footprint_bytes_ = 0;
-  uint64_t allocs_ = 0;
-  uint64_t frees_ = 0;
-  uint64_t grows_ = 0;
-  mutable uint64_t errors_ = 0;
+  const uint64_t tag_;                 // arena tag (high handle bits)
+  const uint64_t first_seq_;           // first sequence number issued
+  uint64_t next_seq_ GUARDED_BY(mu_);  // next sequence number to issue
+  std::unordered_map<uint64_t, Block> live_ GUARDED_BY(mu_);
+  uint64_t live_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t peak_live_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t requested_live_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t peak_requested_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t peak_footprint_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t allocs_ GUARDED_BY(mu_) = 0;
+  uint64_t frees_ GUARDED_BY(mu_) = 0;
+  uint64_t grows_ GUARDED_BY(mu_) = 0;
+  mutable uint64_t errors_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace jaxmem

@@ -14,6 +14,8 @@
 #include <unordered_map>
 
 #include "arena/locked_arena.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -35,19 +37,22 @@ class PlannedArena : public LockedArena {
   bool SlotOf(int64_t id, Slot* slot) const;
 
  protected:
-  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
-  void FreeLocked(const Block& block) override;
-  void FillStatsLocked(ArenaStats* stats) const override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override
+      REQUIRES(mu_);
+  void FreeLocked(const Block& block) override REQUIRES(mu_);
+  void FillStatsLocked(ArenaStats* stats) const override REQUIRES(mu_);
 
  private:
   PlannedArena(std::unordered_map<int64_t, Slot> slots, void* base,
                uint64_t footprint_bytes);
 
-  std::unordered_map<int64_t, Slot> slots_;
-  void* base_;
-  uint64_t footprint_;
-  std::set<int64_t> live_ids_;
-  std::map<uint64_t, uint64_t> live_ranges_;  // offset -> end, nonempty only
+  // Immutable after construction: SlotOf reads them without the lock.
+  const std::unordered_map<int64_t, Slot> slots_;
+  void* const base_;
+  const uint64_t footprint_;
+  std::set<int64_t> live_ids_ GUARDED_BY(mu_);
+  // Offset -> end of the live nonempty slots.
+  std::map<uint64_t, uint64_t> live_ranges_ GUARDED_BY(mu_);
 };
 
 }  // namespace jaxmem

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "arena/locked_arena.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -43,36 +45,41 @@ class VirtualChunkArena : public LockedArena {
   ArenaMode mode() const override { return ArenaMode::kVirtual; }
 
  protected:
-  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override;
-  void FreeLocked(const Block& block) override;
-  void FillStatsLocked(ArenaStats* stats) const override;
-  void PopulateUnlocked(void* ptr, size_t bytes) override;
+  Status AllocateLocked(size_t bytes, int64_t id, Block* block) override
+      REQUIRES(mu_);
+  void FreeLocked(const Block& block) override REQUIRES(mu_);
+  void FillStatsLocked(ArenaStats* stats) const override REQUIRES(mu_);
+  void PopulateUnlocked(void* ptr, size_t bytes) override EXCLUDES(mu_);
 
  private:
   VirtualChunkArena(int fd, size_t chunk_bytes, size_t capacity_bytes,
                     bool populate);
-  void UnmapKeptLocked(uint64_t seq);  // unmaps a kept range, frees chunks
+  // Unmaps a kept range and frees its chunks.
+  void UnmapKeptLocked(uint64_t seq) REQUIRES(mu_);
 
-  int fd_;
-  size_t chunk_bytes_;
-  size_t capacity_chunks_;  // 0: unbounded
-  bool populate_;
-  uint64_t pool_chunks_ = 0;
-  std::set<uint64_t> free_chunks_;  // lowest first: runs map in one call
+  const int fd_;
+  const size_t chunk_bytes_;
+  const size_t capacity_chunks_;  // 0: unbounded
+  const bool populate_;
+  uint64_t pool_chunks_ GUARDED_BY(mu_) = 0;
+  // Lowest first: runs map in one call.
+  std::set<uint64_t> free_chunks_ GUARDED_BY(mu_);
   // A live virtual range and the physical chunks mapped into it.
   struct Range {
     void* base = nullptr;
     size_t span = 0;
     std::vector<uint64_t> chunks;
   };
-  std::unordered_map<uint64_t, Range> ranges_;  // by cookie
-  uint64_t next_cookie_ = 1;
-  std::map<uint64_t, Range> kept_;  // freed, still mapped; by free order
-  std::multimap<uint64_t, uint64_t> kept_by_chunks_;  // chunk count -> seq
-  uint64_t kept_chunks_ = 0;
-  uint64_t next_kept_seq_ = 0;
-  uint64_t map_calls_ = 0;
-  uint64_t unmap_calls_ = 0;
+  std::unordered_map<uint64_t, Range> ranges_ GUARDED_BY(mu_);  // by cookie
+  uint64_t next_cookie_ GUARDED_BY(mu_) = 1;
+  // Freed, still mapped; by free order.
+  std::map<uint64_t, Range> kept_ GUARDED_BY(mu_);
+  // Chunk count -> seq of the kept ranges.
+  std::multimap<uint64_t, uint64_t> kept_by_chunks_ GUARDED_BY(mu_);
+  uint64_t kept_chunks_ GUARDED_BY(mu_) = 0;
+  uint64_t next_kept_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t map_calls_ GUARDED_BY(mu_) = 0;
+  uint64_t unmap_calls_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace jaxmem
