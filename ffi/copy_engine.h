@@ -1,7 +1,9 @@
 // Copyright 2025 The jaxmem Authors.
 //
 // The CPU asynchronous copy engine behind jaxmem's window-scheduled copies
-// (DESIGN.md, "Native extension"; paper 001, Hayakawa et al., §3).
+// (docs/design.md, "Native extension"; Hayakawa & Narihira, *Out-of-core
+// training for extremely large-scale neural networks with adaptive
+// window-based scheduling*, §3).
 //
 //   offload_start(x)  -> ticket        enqueue x -> new host buffer, return
 //   offload_done(x, ticket, dep)       wait for it, publish it in the host

@@ -31,8 +31,9 @@ double SecondsSince(Clock::time_point start) {
 
 // Indices of the buffers with a non-zero size, largest first. Ties: longer
 // lifetime first, then earlier start, then input order, so that results are
-// deterministic. This is both the greedy order of paper 003 §III-C and the
-// rank used to break symmetries in the exact search.
+// deterministic. This is both the greedy order of SmartPool (Zhang et al.,
+// *Efficient Memory Management for GPU-based Deep Learning Systems*, §III-C)
+// and the rank used to break symmetries in the exact search.
 std::vector<int> DecreasingSizeOrder(const Problem& p) {
   std::vector<int> order;
   order.reserve(p.size.size());
@@ -148,7 +149,7 @@ enum class Outcome {
 // (lo(b) below the ordering) must later be lifted by a time-overlapping buffer
 // placed after it; if no unplaced buffer overlaps it the node is a dead end.
 // Plus one dominance rule (see Candidates) and sharper section floors (see
-// FloorBound). The project papers give only the greedy (paper 003 §III-C);
+// FloorBound). The project papers give only the greedy (SmartPool §III-C);
 // canonical bottom-up placement, this dominance rule, section floors and
 // round-robin restarts are the ideas of MiniMalloc (M. D. Moffitt, ASPLOS
 // 2023), reimplemented here for minimising the footprint rather than for
@@ -545,7 +546,7 @@ Result Greedy(const Problem& p, Fit fit) {
   Result r;
   r.method = fit == Fit::kBest ? "best-fit" : "first-fit";
   r.offsets.assign(p.size.size(), 0);
-  // Paper 003 §III-C (SmartPool): largest buffer first; each buffer goes into
+  // SmartPool §III-C: largest buffer first; each buffer goes into
   // a hole between the memory blocks of its already placed *time neighbours*
   // (buffers whose lifetimes overlap its own), or on top of all of them when
   // no hole is large enough ("the memory pool will be extended"). Variant

@@ -14,11 +14,13 @@
 // `HostStore::Configure` (Python: `jaxmem.native.store_configure`) or by
 // $JAXMEM_HOST_ARENA, read at the store's first use:
 //
-//   * "best_fit" (default): `BestFitCachingArena`, paper 001 §4's framework
-//     default. It caches freed memory itself (segments are kept, blocks split
-//     and coalesce), so a step that offloads the same sizes every iteration
-//     reuses warm, already faulted-in pages: as fast as the old size cache.
-//   * "virtual": `VirtualChunkArena`, paper 001 §4's fix for fragmentation:
+//   * "best_fit" (default): `BestFitCachingArena`, the framework default of
+//     Hayakawa & Narihira, *Out-of-core training for extremely large-scale
+//     neural networks with adaptive window-based scheduling*, §4. It caches
+//     freed memory itself (segments are kept, blocks split and coalesce), so
+//     a step that offloads the same sizes every iteration reuses warm,
+//     already faulted-in pages: as fast as the old size cache.
+//   * "virtual": `VirtualChunkArena`, the same §4's fix for fragmentation:
 //     physical chunks (memfd) mapped into a fresh virtual range per entry;
 //     footprint is a whole number of chunks, free chunks serve any size.
 //   * "heap": `HeapCachingArena`, the store's original posix_memalign + size

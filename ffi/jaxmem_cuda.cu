@@ -3,8 +3,11 @@
 // CUDA handlers for jaxmem's custom calls (built with JAXMEM_CUDA=1 only):
 // the same targets and semantics as the CPU handlers in handlers/ and
 // copy_engine.cc, with a dedicated copy stream per device, CUDA events and
-// pinned host memory (DESIGN.md, "Native extension"; vDNN, paper 004 §3:
-// offload and prefetch on a separate stream; paper 001 §3 for the window).
+// pinned host memory (docs/design.md, "Native extension"; offload and
+// prefetch on a separate stream as in vDNN: Rhu et al., *Virtualizing Deep
+// Neural Networks for Memory-Efficient Neural Network Design*, §3; the window
+// as in Hayakawa & Narihira, *Out-of-core training for extremely large-scale
+// neural networks with adaptive window-based scheduling*, §3).
 //
 //   offload_start(x) -> ticket
 //       records `ready` on XLA's compute stream, makes the device's copy

@@ -231,9 +231,10 @@ void VirtualChunkArena::FreeLocked(const Block& block) {
   // Keep the range mapped for a later request of the same chunk count (a
   // training step offloads the same sizes every iteration): on a host with
   // 4 KiB pages, mapping 16 MiB costs more than copying it (page table
-  // setup, and munmap's TLB shootdown). Paper 001 §4 maps 2 MB GPU granules,
-  // where this cost is small. Its chunks still count as free and are unmapped
-  // on demand before the pool grows, so nothing else changes.
+  // setup, and munmap's TLB shootdown). Hayakawa & Narihira's §4 maps 2 MB
+  // GPU granules, where this cost is small. Its chunks still count as free
+  // and are unmapped on demand before the pool grows, so nothing else
+  // changes.
   const uint64_t n = it->second.chunks.size();
   const uint64_t seq = next_kept_seq_++;
   kept_by_chunks_.emplace(n, seq);
