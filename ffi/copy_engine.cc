@@ -14,6 +14,8 @@
 #include <sched.h>
 #endif
 
+#include "ids.h"
+
 namespace jaxmem {
 namespace {
 
@@ -45,18 +47,21 @@ std::vector<int> CpusFromEnv() {
   return cpus;
 }
 
-// Pins the calling thread to `cpus`; "" on success (or nothing to do).
-std::string PinThread(const std::vector<int>& cpus) {
-  if (cpus.empty()) return {};
+// Pins the calling thread to `cpus` (nothing to do for none).
+Status PinThread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return Status::Ok();
 #ifdef __linux__
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
   int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  if (rc != 0) return "cannot pin a copy worker to the requested CPUs: " + std::string(std::strerror(rc));
-  return {};
+  if (rc != 0) {
+    return InvalidArgument("cannot pin a copy worker to the requested CPUs: " +
+                           std::string(std::strerror(rc)));
+  }
+  return Status::Ok();
 #else
-  return "CPU affinity is only supported on Linux";
+  return InvalidArgument("CPU affinity is only supported on Linux");
 #endif
 }
 
@@ -79,26 +84,26 @@ CopyEngine::CopyEngine()
   stats_.threads = desired_threads_;
 }
 
-std::string CopyEngine::SetCpus(const std::vector<int>& cpus) {
+Status CopyEngine::SetCpus(const std::vector<int>& cpus) {
   // Check the CPUs on a short-lived thread before committing to them.
-  std::string err;
-  std::thread([&] { err = PinThread(cpus); }).join();
-  if (!err.empty()) return err;
-  std::lock_guard<std::mutex> lock(mu_);
+  Status st;
+  std::thread([&] { st = PinThread(cpus); }).join();
+  if (!st.ok()) return st;
+  MutexLock lock(&mu_);
   cpus_ = cpus;
   ++generation_;  // running workers retire when idle; new ones get the mask
-  work_cv_.notify_all();
-  return {};
+  work_cv_.NotifyAll();
+  return Status::Ok();
 }
 
 void CopyEngine::SetThreads(int n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   desired_threads_ = n < 0 ? 0 : (n > 64 ? 64 : n);
   stats_.threads = desired_threads_;
   // Surplus workers exit when they next wake up; missing ones start with the
   // next submitted copy. Jobs queued while the count drops to 0 are still
   // served: workers only exit on an empty queue.
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
 }
 
 void CopyEngine::EnsureWorkersLocked() {
@@ -107,19 +112,21 @@ void CopyEngine::EnsureWorkersLocked() {
     // Detached: the engine is never destroyed, and a worker blocked on the
     // condition variable must not keep the process from exiting.
     std::thread([this, g = generation_, cpus = cpus_] {
-      PinThread(cpus);  // checked by SetCpus; best effort for the env default
+      // Checked by SetCpus; best effort for the env default.
+      (void)PinThread(cpus);
       WorkerLoop(g);
     }).detach();
   }
 }
 
 void CopyEngine::WorkerLoop(uint64_t generation) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] {
-      return !queue_.empty() || running_threads_ > desired_threads_ ||
-             generation != generation_;
-    });
+    // Until there is a job, or this worker is surplus or stale.
+    while (queue_.empty() && running_threads_ <= desired_threads_ &&
+           generation == generation_) {
+      work_cv_.Wait(&mu_);
+    }
     if (queue_.empty() || generation != generation_) {
       // Surplus (SetThreads lowered the count) or stale (SetCpus): retire,
       // and let a fresh worker with the new mask take over the queue.
@@ -129,22 +136,23 @@ void CopyEngine::WorkerLoop(uint64_t generation) {
     }
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
-    RunUnlocked(lock, *job);
+    RunUnlocked(*job);
   }
 }
 
-double CopyEngine::RunUnlocked(std::unique_lock<std::mutex>& lock, Job& job) {
+double CopyEngine::RunUnlocked(Job& job) {
   job.started = true;
-  lock.unlock();
+  // The caller's lock on mu_ is released for the copy and held again after.
+  mu_.Unlock();
   auto t0 = std::chrono::steady_clock::now();
   RunJob(job);
   double dt = Seconds(t0);
-  lock.lock();
+  mu_.Lock();
   job.finished = true;
   pending_.erase(job.seq);
   stats_.bytes_copied += job.bytes;
   stats_.copy_seconds += dt;
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
   return dt;
 }
 
@@ -156,7 +164,7 @@ void CopyEngine::RunJob(Job& job) {
 }
 
 uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t ticket = next_ticket_++;
   job->seq = next_seq_++;
   tickets_.emplace(ticket, job);
@@ -168,13 +176,13 @@ uint64_t CopyEngine::Submit(std::shared_ptr<Job> job) {
   }
   if (desired_threads_ == 0) {
     // Inline mode: copy now, on the caller's thread.
-    RunUnlocked(lock, *job);
+    RunUnlocked(*job);
     return ticket;
   }
   pending_.insert(job->seq);
   queue_.push_back(std::move(job));
   EnsureWorkersLocked();
-  work_cv_.notify_one();
+  work_cv_.NotifyOne();
   return ticket;
 }
 
@@ -191,82 +199,80 @@ std::string CopyEngine::TicketMessageLocked(uint64_t ticket) const {
          "a made-up value, or garbage)";
 }
 
-void CopyEngine::DrainLocked(std::unique_lock<std::mutex>& lock) {
+void CopyEngine::DrainLocked() {
   const uint64_t target = next_seq_;
-  done_cv_.wait(lock, [&] {
-    return pending_.empty() || *pending_.begin() >= target;
-  });
+  while (!pending_.empty() && *pending_.begin() < target) done_cv_.Wait(&mu_);
 }
 
 void CopyEngine::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  DrainLocked(lock);
+  MutexLock lock(&mu_);
+  DrainLocked();
 }
 
-std::string CopyEngine::Fail(std::string message) {
-  std::unique_lock<std::mutex> lock(mu_);
+Status CopyEngine::Fail(Status status) {
+  MutexLock lock(&mu_);
   ++stats_.total_errors;
   // XLA aborts the execution on this error and releases its buffers: let
   // every copy that may still touch them finish first.
-  DrainLocked(lock);
-  return message;
+  DrainLocked();
+  return status;
 }
 
-std::string CopyEngine::Claim(uint64_t ticket, CopyKind kind,
-                              const void* xla_buffer,
-                              std::shared_ptr<Job>* out) {
+Status CopyEngine::Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
+                         std::shared_ptr<Job>* out) {
   std::shared_ptr<Job> job;
+  Status refused;  // reported by Fail, which takes mu_ itself
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) {
-      std::string msg = TicketMessageLocked(ticket);
-      lock.unlock();
-      return Fail(std::move(msg));
-    }
-    if (it->second->kind != kind) {
-      std::string msg = "copy ticket " + FormatHandle(ticket) + " belongs to " +
-                        KindName(it->second->kind) + "_start, not " +
-                        KindName(kind) + "_start; the ticket is kept";
-      lock.unlock();
-      return Fail(std::move(msg));
-    }
-    job = std::move(it->second);
-    tickets_.erase(it);
-    if (!job->finished && !job->started) {
-      // Steal it: no worker has started it, run it on this thread now.
-      for (auto q = queue_.begin(); q != queue_.end(); ++q) {
-        if (q->get() == job.get()) {
-          queue_.erase(q);
-          break;
+      refused = InvalidArgument(TicketMessageLocked(ticket));
+    } else if (it->second->kind != kind) {
+      refused = InvalidArgument("copy ticket " + FormatHandle(ticket) +
+                                " belongs to " + KindName(it->second->kind) +
+                                "_start, not " + KindName(kind) +
+                                "_start; the ticket is kept");
+    } else {
+      job = std::move(it->second);
+      tickets_.erase(it);
+      if (!job->finished && !job->started) {
+        // Steal it: no worker has started it, run it on this thread now.
+        for (auto q = queue_.begin(); q != queue_.end(); ++q) {
+          if (q->get() == job.get()) {
+            queue_.erase(q);
+            break;
+          }
         }
+        ++stats_.stolen;
+        stats_.wait_seconds += RunUnlocked(*job);
+      } else if (!job->finished) {
+        auto t0 = std::chrono::steady_clock::now();
+        while (!job->finished) done_cv_.Wait(&mu_);
+        stats_.wait_seconds += Seconds(t0);
       }
-      ++stats_.stolen;
-      stats_.wait_seconds += RunUnlocked(lock, *job);
-    } else if (!job->finished) {
-      auto t0 = std::chrono::steady_clock::now();
-      done_cv_.wait(lock, [&] { return job->finished; });
-      stats_.wait_seconds += Seconds(t0);
     }
   }
+  if (!refused.ok()) return Fail(std::move(refused));
   const void* expected = kind == CopyKind::kOffload ? job->src : job->dst;
   if (job->bytes > 0 && xla_buffer != expected) {
-    return Fail("the buffer of copy ticket " + FormatHandle(ticket) +
-                " moved between the start and the done (XLA copied it while "
-                "the copy was in flight, e.g. because the start and the done "
-                "ran in different computations); the result is refused");
+    return Fail(InvalidArgument(
+        "the buffer of copy ticket " + FormatHandle(ticket) +
+        " moved between the start and the done (XLA copied it while "
+        "the copy was in flight, e.g. because the start and the done "
+        "ran in different computations); the result is refused"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.total_finished;
   *out = std::move(job);
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::StartOffload(const void* src, size_t bytes,
-                                     uint32_t dtype_code, uint64_t* ticket) {
+Status CopyEngine::StartOffload(const void* src, size_t bytes,
+                                uint32_t dtype_code, uint64_t* ticket) {
   if (bytes > 0 && src == nullptr) {
-    return Fail("offload_start: source buffer is null but has " +
-                std::to_string(bytes) + " bytes");
+    return Fail(
+        InvalidArgument("offload_start: source buffer is null but has " +
+                        std::to_string(bytes) + " bytes"));
   }
   auto job = std::make_shared<Job>();
   job->kind = CopyKind::kOffload;
@@ -275,42 +281,42 @@ std::string CopyEngine::StartOffload(const void* src, size_t bytes,
   job->src = src;
   // From the host store's arena (the same allocator as synchronous puts), so
   // the entry that FinishOffload publishes needs no second copy.
-  std::string err = HostStore::Global().AllocateBuffer(bytes, &job->host);
-  if (!err.empty()) return Fail("offload_start: " + err);
+  Status st = HostStore::Global().AllocateBuffer(bytes, &job->host);
+  if (!st.ok()) return Fail(st.Prefixed("offload_start: "));
   job->dst = job->host.data();
   *ticket = Submit(std::move(job));
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::FinishOffload(uint64_t ticket, const void* src,
-                                      uint64_t* handle) {
+Status CopyEngine::FinishOffload(uint64_t ticket, const void* src,
+                                 uint64_t* handle) {
   std::shared_ptr<Job> job;
-  std::string err = Claim(ticket, CopyKind::kOffload, src, &job);
-  if (!err.empty()) return err;
+  Status st = Claim(ticket, CopyKind::kOffload, src, &job);
+  if (!st.ok()) return st;
   return HostStore::Global().Insert(std::move(job->host), job->bytes,
                                     job->dtype_code, handle);
 }
 
-std::string CopyEngine::StartFetch(uint64_t handle, void* dst, size_t bytes,
-                                   uint32_t dtype_code, uint64_t* ticket) {
+Status CopyEngine::StartFetch(uint64_t handle, void* dst, size_t bytes,
+                              uint32_t dtype_code, uint64_t* ticket) {
   if (bytes > 0 && dst == nullptr) {
-    return Fail("fetch_start: destination buffer is null but has " +
-                std::to_string(bytes) + " bytes");
+    return Fail(
+        InvalidArgument("fetch_start: destination buffer is null but has " +
+                        std::to_string(bytes) + " bytes"));
   }
   auto job = std::make_shared<Job>();
   job->kind = CopyKind::kFetch;
   job->bytes = bytes;
   job->dtype_code = dtype_code;
-  std::string err =
-      HostStore::Global().Remove(handle, bytes, dtype_code, &job->host);
-  if (!err.empty()) return Fail("fetch_start: " + err);
+  Status st = HostStore::Global().Remove(handle, bytes, dtype_code, &job->host);
+  if (!st.ok()) return Fail(st.Prefixed("fetch_start: "));
   job->src = job->host.data();
   job->dst = dst;
   *ticket = Submit(std::move(job));
-  return {};
+  return Status::Ok();
 }
 
-std::string CopyEngine::FinishFetch(uint64_t ticket, const void* dst) {
+Status CopyEngine::FinishFetch(uint64_t ticket, const void* dst) {
   std::shared_ptr<Job> job;
   return Claim(ticket, CopyKind::kFetch, dst, &job);
 }
@@ -319,8 +325,8 @@ uint64_t CopyEngine::Clear() {
   std::unordered_map<uint64_t, std::shared_ptr<Job>> doomed;
   uint64_t freed = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    DrainLocked(lock);
+    MutexLock lock(&mu_);
+    DrainLocked();
     doomed.swap(tickets_);
     for (const auto& [ticket, job] : doomed) freed += job->host.bytes();
   }
@@ -328,7 +334,7 @@ uint64_t CopyEngine::Clear() {
 }
 
 CopyEngineStats CopyEngine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   CopyEngineStats s = stats_;
   s.cpus = cpus_;
   s.outstanding = tickets_.size();

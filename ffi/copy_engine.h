@@ -1,7 +1,9 @@
 // Copyright 2025 The jaxmem Authors.
 //
 // The CPU asynchronous copy engine behind jaxmem's window-scheduled copies
-// (DESIGN.md, "Native extension"; paper 001, Hayakawa et al., §3).
+// (docs/design.md, "Native extension"; Hayakawa & Narihira, *Out-of-core
+// training for extremely large-scale neural networks with adaptive
+// window-based scheduling*, §3).
 //
 //   offload_start(x)  -> ticket        enqueue x -> new host buffer, return
 //   offload_done(x, ticket, dep)       wait for it, publish it in the host
@@ -25,8 +27,9 @@
 //
 // Tickets are 64-bit ids from a never-reused counter that starts at a random
 // value, like host store handles: a done with a stale (already finished),
-// foreign or made-up ticket, or a ticket of the other kind, is an error
-// message, never a crash or a wait on the wrong copy.
+// foreign or made-up ticket, or a ticket of the other kind, is an
+// InvalidArgument status (status.h), never a crash or a wait on the wrong
+// copy.
 //
 // Errors and aborted executions. A failing start or done first drains the
 // engine (waits until every copy queued so far has finished) and only then
@@ -42,18 +45,19 @@
 #ifndef JAXMEM_FFI_COPY_ENGINE_H_
 #define JAXMEM_FFI_COPY_ENGINE_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "host_store.h"
+#include "mutex.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -85,36 +89,36 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   // Enqueues a copy of `bytes` bytes at `src` into a new host buffer. `src`
-  // must stay valid and unmodified until `FinishOffload`. Returns an error
-  // message, or "" and the ticket in `*ticket`.
-  std::string StartOffload(const void* src, size_t bytes, uint32_t dtype_code,
-                           uint64_t* ticket);
+  // must stay valid and unmodified until `FinishOffload`. Writes the ticket
+  // to `*ticket`; fails like `HostStore::AllocateBuffer`.
+  Status StartOffload(const void* src, size_t bytes, uint32_t dtype_code,
+                      uint64_t* ticket) EXCLUDES(mu_);
 
   // Waits for the offload `ticket` (started from `src`), publishes the host
   // copy in the host store and writes its handle to `*handle`.
-  std::string FinishOffload(uint64_t ticket, const void* src,
-                            uint64_t* handle);
+  Status FinishOffload(uint64_t ticket, const void* src, uint64_t* handle)
+      EXCLUDES(mu_);
 
   // Takes entry `handle` out of the host store (validating size and dtype)
   // and enqueues a copy of it to `dst`, which must stay allocated until
   // `FinishFetch`.
-  std::string StartFetch(uint64_t handle, void* dst, size_t bytes,
-                         uint32_t dtype_code, uint64_t* ticket);
+  Status StartFetch(uint64_t handle, void* dst, size_t bytes,
+                    uint32_t dtype_code, uint64_t* ticket) EXCLUDES(mu_);
 
   // Waits for the fetch `ticket` into `dst`.
-  std::string FinishFetch(uint64_t ticket, const void* dst);
+  Status FinishFetch(uint64_t ticket, const void* dst) EXCLUDES(mu_);
 
   // Blocks until every copy queued before the call has finished.
-  void Drain();
+  void Drain() EXCLUDES(mu_);
 
   // Drains, then drops every ticket (finished or not claimed); returns the
   // host bytes freed. Tickets issued before become stale.
-  uint64_t Clear();
+  uint64_t Clear() EXCLUDES(mu_);
 
   // Number of worker threads; 0 runs each copy inline in its start (the
   // asynchronous ops then cost what the synchronous ones do). Default 1, or
   // $JAXMEM_COPY_THREADS.
-  void SetThreads(int n);
+  void SetThreads(int n) EXCLUDES(mu_);
 
   // CPUs the workers may run on (Linux; empty: inherit the process's mask).
   // Default: $JAXMEM_COPY_CPUS, a comma-separated list such as "1" or "2,3".
@@ -122,11 +126,11 @@ class CopyEngine {
   // CPU of its cpuset): XLA:CPU sizes its compute pool from that mask, so
   // `taskset -c 0 python ...` with JAXMEM_COPY_CPUS=1 gives compute one core
   // and the copies another, as a GPU's copy engines are separate hardware.
-  // Returns an error message for a CPU the system refuses. Applies to
-  // workers started afterwards (it restarts running ones).
-  std::string SetCpus(const std::vector<int>& cpus);
+  // InvalidArgument for a CPU the system refuses. Applies to workers started
+  // afterwards (it restarts running ones).
+  Status SetCpus(const std::vector<int>& cpus) EXCLUDES(mu_);
 
-  CopyEngineStats Stats() const;
+  CopyEngineStats Stats() const EXCLUDES(mu_);
 
  private:
   struct Job {
@@ -137,39 +141,45 @@ class CopyEngine {
     uint32_t dtype_code = 0;
     HostBuffer host;
     uint64_t seq = 0;
-    bool started = false;   // a worker (or a stealing done) took it; mu_
-    bool finished = false;  // guarded by CopyEngine::mu_
+    // Guarded by CopyEngine::mu_ (not expressible as GUARDED_BY: a Job does
+    // not know its engine).
+    bool started = false;  // a worker (or a stealing done) took it
+    bool finished = false;
   };
 
   // Registers `job` under a new ticket and queues it (or runs it inline).
-  uint64_t Submit(std::shared_ptr<Job> job);
+  uint64_t Submit(std::shared_ptr<Job> job) EXCLUDES(mu_);
   // Removes `ticket` of `kind` from the registry and waits for its copy.
-  std::string Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
-                    std::shared_ptr<Job>* job);
-  void RunJob(Job& job);  // the copy itself; no lock held
-  // Marks `job` started, runs it with `lock` (on mu_) released, then records it
-  // as finished in the stats and wakes waiters. Returns the copy's seconds.
-  double RunUnlocked(std::unique_lock<std::mutex>& lock, Job& job);
-  void WorkerLoop(uint64_t generation);
-  void EnsureWorkersLocked();  // requires mu_
-  void DrainLocked(std::unique_lock<std::mutex>& lock);
-  std::string TicketMessageLocked(uint64_t ticket) const;  // requires mu_
-  std::string Fail(std::string message);  // drains, counts, returns message
+  Status Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
+               std::shared_ptr<Job>* job) EXCLUDES(mu_);
+  void RunJob(Job& job) EXCLUDES(mu_);  // the copy itself; no lock held
+  // Marks `job` started, runs it with mu_ released (held again on return),
+  // then records it as finished in the stats and wakes waiters. Returns the
+  // copy's seconds.
+  double RunUnlocked(Job& job) REQUIRES(mu_);
+  void WorkerLoop(uint64_t generation) EXCLUDES(mu_);
+  void EnsureWorkersLocked() REQUIRES(mu_);
+  // Waits until every copy queued before the call has finished.
+  void DrainLocked() REQUIRES(mu_);
+  std::string TicketMessageLocked(uint64_t ticket) const REQUIRES(mu_);
+  // Drains, counts the error, returns `status`.
+  Status Fail(Status status) EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;  // a job was queued / threads changed
-  std::condition_variable done_cv_;  // a job finished
-  std::unordered_map<uint64_t, std::shared_ptr<Job>> tickets_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  std::set<uint64_t> pending_;  // seq of queued or running jobs
-  uint64_t next_seq_ = 0;
-  uint64_t first_ticket_;
-  uint64_t next_ticket_;
-  int desired_threads_ = 1;
-  int running_threads_ = 0;
-  std::vector<int> cpus_;
-  uint64_t generation_ = 0;  // bumped by SetCpus: older workers retire
-  CopyEngineStats stats_;
+  mutable Mutex mu_;
+  CondVar work_cv_;  // a job was queued / threads changed
+  CondVar done_cv_;  // a job finished
+  std::unordered_map<uint64_t, std::shared_ptr<Job>> tickets_ GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Job>> queue_ GUARDED_BY(mu_);
+  std::set<uint64_t> pending_ GUARDED_BY(mu_);  // seq of queued/running jobs
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  const uint64_t first_ticket_;
+  uint64_t next_ticket_ GUARDED_BY(mu_);
+  int desired_threads_ GUARDED_BY(mu_) = 1;
+  int running_threads_ GUARDED_BY(mu_) = 0;
+  std::vector<int> cpus_ GUARDED_BY(mu_);
+  // Bumped by SetCpus: older workers retire.
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  CopyEngineStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace jaxmem

@@ -1,14 +1,7 @@
 // Copyright 2025 The jaxmem Authors.
 //
-// Offline DSA solver (see dsa.h) and its nanobind bindings:
-//
-//   _native.dsa_solve(lower, upper, size, method, capacity, time_limit_s,
-//                     node_limit) -> dict
-//   _native.dsa_check(lower, upper, size, offsets) -> dict
-//   _native.dsa_max_load(lower, upper, size) -> int
-//
-// The arrays are 1-D C-contiguous int64 numpy arrays; the GIL is released
-// while solving and checking.
+// Offline DSA solver (see dsa.h); its Python bindings are in
+// bindings/dsa_bindings.cc.
 
 #include "dsa.h"
 
@@ -20,17 +13,11 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
-#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "nanobind/nanobind.h"
-#include "nanobind/ndarray.h"
-#include "nanobind/stl/optional.h"
-#include "nanobind/stl/string.h"
 
 namespace jaxmem {
 namespace dsa {
@@ -44,8 +31,9 @@ double SecondsSince(Clock::time_point start) {
 
 // Indices of the buffers with a non-zero size, largest first. Ties: longer
 // lifetime first, then earlier start, then input order, so that results are
-// deterministic. This is both the greedy order of paper 003 §III-C and the
-// rank used to break symmetries in the exact search.
+// deterministic. This is both the greedy order of SmartPool (Zhang et al.,
+// *Efficient Memory Management for GPU-based Deep Learning Systems*, §III-C)
+// and the rank used to break symmetries in the exact search.
 std::vector<int> DecreasingSizeOrder(const Problem& p) {
   std::vector<int> order;
   order.reserve(p.size.size());
@@ -161,7 +149,7 @@ enum class Outcome {
 // (lo(b) below the ordering) must later be lifted by a time-overlapping buffer
 // placed after it; if no unplaced buffer overlaps it the node is a dead end.
 // Plus one dominance rule (see Candidates) and sharper section floors (see
-// FloorBound). The project papers give only the greedy (paper 003 §III-C);
+// FloorBound). The project papers give only the greedy (SmartPool §III-C);
 // canonical bottom-up placement, this dominance rule, section floors and
 // round-robin restarts are the ideas of MiniMalloc (M. D. Moffitt, ASPLOS
 // 2023), reimplemented here for minimising the footprint rather than for
@@ -558,7 +546,7 @@ Result Greedy(const Problem& p, Fit fit) {
   Result r;
   r.method = fit == Fit::kBest ? "best-fit" : "first-fit";
   r.offsets.assign(p.size.size(), 0);
-  // Paper 003 §III-C (SmartPool): largest buffer first; each buffer goes into
+  // SmartPool §III-C: largest buffer first; each buffer goes into
   // a hole between the memory blocks of its already placed *time neighbours*
   // (buffers whose lifetimes overlap its own), or on top of all of them when
   // no hole is large enough ("the memory pool will be extended"). Variant
@@ -702,108 +690,5 @@ CheckResult Check(const Problem& p, const std::vector<int64_t>& offsets) {
 }
 
 }  // namespace dsa
-
-// -- Python bindings -------------------------------------------------------------
-
-namespace nb = nanobind;
-
-namespace {
-
-using I64Array =
-    nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-std::vector<int64_t> ToVector(const I64Array& a) {
-  return std::vector<int64_t>(a.data(), a.data() + a.shape(0));
-}
-
-dsa::Problem ToProblem(const I64Array& lower, const I64Array& upper,
-                       const I64Array& size) {
-  return dsa::Problem{ToVector(lower), ToVector(upper), ToVector(size)};
-}
-
-nb::object ToNumpy(std::vector<int64_t> values) {
-  auto* owned = new std::vector<int64_t>(std::move(values));
-  nb::capsule owner(owned, [](void* ptr) noexcept {
-    delete static_cast<std::vector<int64_t>*>(ptr);
-  });
-  return nb::cast(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(
-      owned->data(), {owned->size()}, owner));
-}
-
-}  // namespace
-
-void RegisterDsa(nb::module_& m) {
-  m.def(
-      "dsa_solve",
-      [](const I64Array& lower, const I64Array& upper, const I64Array& size,
-         const std::string& method, std::optional<int64_t> capacity,
-         std::optional<double> time_limit_s, int64_t node_limit) {
-        const dsa::Problem p = ToProblem(lower, upper, size);
-        dsa::Options options;
-        options.time_limit_s =
-            time_limit_s ? *time_limit_s
-                         : std::numeric_limits<double>::infinity();
-        options.node_limit = node_limit;
-        options.capacity = capacity ? *capacity : -1;
-        dsa::Result r;
-        {
-          nb::gil_scoped_release release;
-          r = dsa::Solve(p, method, options);
-        }
-        nb::dict d;
-        d["footprint"] = r.footprint;
-        d["max_load"] = r.max_load;
-        d["lower_bound"] = r.lower_bound;
-        d["proven_optimal"] = r.proven_optimal;
-        d["timed_out"] = r.timed_out;
-        d["nodes"] = r.nodes;
-        d["seconds"] = r.seconds;
-        d["method"] = r.method;
-        d["feasible"] = r.feasible;
-        d["offsets"] = ToNumpy(std::move(r.offsets));
-        return d;
-      },
-      nb::arg("lower"), nb::arg("upper"), nb::arg("size"),
-      nb::arg("method") = "auto", nb::arg("capacity") = nb::none(),
-      nb::arg("time_limit_s") = 1.0, nb::arg("node_limit") = 0,
-      "Offline DSA: offsets for buffers live on [lower, upper) (int64 arrays). "
-      "Returns a dict (offsets, footprint, max_load, lower_bound, "
-      "proven_optimal, timed_out, nodes, seconds, method, feasible). "
-      "time_limit_s=None: no limit. Raises ValueError on bad input.");
-
-  m.def(
-      "dsa_check",
-      [](const I64Array& lower, const I64Array& upper, const I64Array& size,
-         const I64Array& offsets) {
-        const dsa::Problem p = ToProblem(lower, upper, size);
-        const std::vector<int64_t> off = ToVector(offsets);
-        dsa::CheckResult c;
-        {
-          nb::gil_scoped_release release;
-          c = dsa::Check(p, off);
-        }
-        nb::dict d;
-        d["valid"] = c.valid;
-        d["first"] = c.first;
-        d["second"] = c.second;
-        d["footprint"] = c.footprint;
-        d["reason"] = c.reason;
-        return d;
-      },
-      nb::arg("lower"), nb::arg("upper"), nb::arg("size"), nb::arg("offsets"),
-      "Validates a DSA solution; returns a dict (valid, first, second, "
-      "footprint, reason).");
-
-  m.def(
-      "dsa_max_load",
-      [](const I64Array& lower, const I64Array& upper, const I64Array& size) {
-        const dsa::Problem p = ToProblem(lower, upper, size);
-        nb::gil_scoped_release release;
-        dsa::Validate(p);
-        return dsa::MaxLoad(p);
-      },
-      nb::arg("lower"), nb::arg("upper"), nb::arg("size"),
-      "Max over time of the summed sizes of the live buffers.");
-}
 
 }  // namespace jaxmem

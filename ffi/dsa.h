@@ -5,11 +5,12 @@
 // offset for each so that no two buffers that are live at the same time
 // overlap in memory, minimising the footprint max(offset + size).
 //
-// The problem is NP-hard (Stockmeyer; paper 003 §III-A). A lower bound on any
+// The problem is NP-hard (Stockmeyer; Zhang et al., *Efficient Memory
+// Management for GPU-based Deep Learning Systems* (SmartPool), §III-A). A lower bound on any
 // footprint is the max load: the maximum over time of the summed sizes of the
 // live buffers. This file provides
 //
-//   * `Greedy`   -- SmartPool's heuristic (paper 003 §III-C): buffers by
+//   * `Greedy`   -- SmartPool's heuristic (its §III-C): buffers by
 //                   decreasing size, each into the best (or first) fitting hole
 //                   left by the already placed buffers that overlap it in time;
 //   * `Exact`    -- a branch-and-bound over canonical placements (each buffer
@@ -24,7 +25,8 @@
 //                   overlap) and returns its footprint;
 //   * `MaxLoad`  -- the lower bound above.
 //
-// Nothing here depends on XLA or Python; the nanobind bindings live in dsa.cc.
+// Nothing here depends on XLA or Python; the nanobind bindings live in
+// bindings/dsa_bindings.cc.
 
 #ifndef JAXMEM_FFI_DSA_H_
 #define JAXMEM_FFI_DSA_H_
@@ -43,7 +45,7 @@ struct Problem {
   std::vector<int64_t> size;   // bytes (0 is allowed: such a buffer is put at 0)
 };
 
-// How `Greedy` picks among the holes a buffer fits in (paper 003, Fig. 4).
+// How `Greedy` picks among the holes a buffer fits in (SmartPool, Fig. 4).
 enum class Fit {
   kBest,   // the smallest hole that fits (SmartPool's default)
   kFirst,  // the lowest hole that fits
@@ -92,7 +94,7 @@ void Validate(const Problem& p);
 // footprint of every valid solution). Assumes a validated problem.
 int64_t MaxLoad(const Problem& p);
 
-// SmartPool (paper 003 §III-C). Validates `p`.
+// SmartPool (§III-C). Validates `p`.
 Result Greedy(const Problem& p, Fit fit);
 
 // Branch-and-bound, seeded with the better of best-fit and first-fit (so

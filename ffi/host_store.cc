@@ -5,15 +5,15 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <chrono>
-#include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <random>
 #include <sstream>
 #include <utility>
+
+#include "arena/best_fit_arena.h"
+#include "arena/heap_arena.h"
+#include "arena/virtual_chunk_arena.h"
+#include "ids.h"
 
 namespace jaxmem {
 namespace {
@@ -63,15 +63,15 @@ bool ParseBytes(const std::string& text, uint64_t* out) {
 
 }  // namespace
 
-std::string ParseHostArenaConfig(const std::string& text,
-                                 HostArenaConfig* out) {
+Status ParseHostArenaConfig(const std::string& text, HostArenaConfig* out) {
   HostArenaConfig c;
   const size_t colon = text.find(':');
   c.mode = Trim(text.substr(0, colon));
   if (c.mode != "best_fit" && c.mode != "virtual" && c.mode != "heap") {
-    return "unknown host arena mode '" + c.mode +
-           "': expected 'best_fit', 'virtual' or 'heap' (planned mode is "
-           "not available to the host store)";
+    return InvalidArgument(
+        "unknown host arena mode '" + c.mode +
+        "': expected 'best_fit', 'virtual' or 'heap' (planned mode is "
+        "not available to the host store)");
   }
   if (colon != std::string::npos) {
     std::stringstream ss(text.substr(colon + 1));
@@ -82,8 +82,8 @@ std::string ParseHostArenaConfig(const std::string& text,
       const std::string key = Trim(item.substr(0, eq));
       uint64_t value = 0;
       if (eq == std::string::npos || !ParseBytes(item.substr(eq + 1), &value)) {
-        return "bad option '" + Trim(item) +
-               "': expected KEY=BYTES, e.g. chunk_bytes=2M";
+        return InvalidArgument("bad option '" + Trim(item) +
+                               "': expected KEY=BYTES, e.g. chunk_bytes=2M");
       }
       if (key == "chunk_bytes") {
         c.chunk_bytes = value;
@@ -92,19 +92,20 @@ std::string ParseHostArenaConfig(const std::string& text,
       } else if (key == "capacity_bytes") {
         c.capacity_bytes = value;
       } else {
-        return "unknown option '" + key +
-               "': expected chunk_bytes, segment_bytes or capacity_bytes";
+        return InvalidArgument(
+            "unknown option '" + key +
+            "': expected chunk_bytes, segment_bytes or capacity_bytes");
       }
     }
   }
   *out = c;
-  return {};
+  return Status::Ok();
 }
 
-std::string MakeHostArena(const HostArenaConfig& config,
-                          std::shared_ptr<HostArena>* out) {
+Status MakeHostArena(const HostArenaConfig& config,
+                     std::shared_ptr<HostArena>* out) {
   std::unique_ptr<HostArena> arena;
-  ArenaStatus st;
+  Status st;
   if (config.mode == "best_fit") {
     st = BestFitCachingArena::Create(config.segment_bytes,
                                      config.capacity_bytes, &arena);
@@ -116,19 +117,12 @@ std::string MakeHostArena(const HostArenaConfig& config,
     st = HeapCachingArena::Create(CacheCapFromEnv(), config.capacity_bytes,
                                   &arena);
   } else {
-    return "unknown host arena mode '" + config.mode +
-           "': expected 'best_fit', 'virtual' or 'heap'";
+    return InvalidArgument("unknown host arena mode '" + config.mode +
+                           "': expected 'best_fit', 'virtual' or 'heap'");
   }
-  if (!st.ok()) return st.message();
+  if (!st.ok()) return st;
   *out = std::shared_ptr<HostArena>(std::move(arena));
-  return {};
-}
-
-// 62 random bits, never 0, and the counter cannot wrap in any realistic
-// process lifetime.
-uint64_t RandomFirstId() {
-  uint64_t mixed = RandomBits();
-  return (mixed & 0x3fffffffffffffffULL) | 0x4000000000000000ULL;
+  return Status::Ok();
 }
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
@@ -162,12 +156,6 @@ void HostBuffer::Reset() {
   bytes_ = 0;
   free_ = nullptr;
   arena_handle_ = 0;
-}
-
-std::string FormatHandle(uint64_t id) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, id);
-  return buf;
 }
 
 std::string DtypeName(uint32_t code) {
@@ -224,12 +212,12 @@ void HostStore::EnsureConfigLocked() const {
   const char* env = std::getenv("JAXMEM_HOST_ARENA");
   if (env == nullptr || Trim(env).empty()) return;
   HostArenaConfig config;
-  std::string err = ParseHostArenaConfig(env, &config);
-  if (!err.empty()) {
+  Status st = ParseHostArenaConfig(env, &config);
+  if (!st.ok()) {
     // Every allocation reports this (rather than silently using another
     // allocator than the one asked for); store_configure() overrides it.
     config_error_ = std::string("$JAXMEM_HOST_ARENA='") + env +
-                    "' is invalid: " + err +
+                    "' is invalid: " + st.message() +
                     "; fix it or call jaxmem.native.store_configure()";
     return;
   }
@@ -237,18 +225,26 @@ void HostStore::EnsureConfigLocked() const {
   config_source_ = "env";
 }
 
-std::string HostStore::EnsureArenaLocked(std::shared_ptr<HostArena>* out) {
+Status HostStore::EnsureArenaLocked(std::shared_ptr<HostArena>* out) {
   EnsureConfigLocked();
-  if (!config_error_.empty()) return config_error_;
+  // The request is fine; the store's configuration is not: a precondition.
+  if (!config_error_.empty()) return FailedPrecondition(config_error_);
   if (arena_ == nullptr) {
-    std::string err = MakeHostArena(config_, &arena_);
-    if (!err.empty()) {
-      return std::string("cannot create the ") + config_.mode +
-             " host arena (from " + config_source_ + "): " + err;
+    Status st = MakeHostArena(config_, &arena_);
+    if (!st.ok()) {
+      const std::string where = std::string("cannot create the ") +
+                                config_.mode + " host arena (from " +
+                                config_source_ + "): ";
+      // A bad size in the configuration is, again, not the caller's
+      // argument; lack of memory or of memfd keeps its own code.
+      if (st.code() == StatusCode::kInvalidArgument) {
+        return FailedPrecondition(where + st.message());
+      }
+      return st.Prefixed(where);
     }
   }
   *out = arena_;
-  return {};
+  return Status::Ok();
 }
 
 std::shared_ptr<HostArena> HostStore::RetireArenaLocked() {
@@ -263,45 +259,45 @@ std::shared_ptr<HostArena> HostStore::RetireArenaLocked() {
   return old;
 }
 
-std::string HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
+Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
   *out = HostBuffer();
-  if (bytes == 0) return {};
+  if (bytes == 0) return Status::Ok();
   std::shared_ptr<HostArena> arena;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string err = EnsureArenaLocked(&arena);
-    if (!err.empty()) return err;
+    MutexLock lock(&mu_);
+    Status st = EnsureArenaLocked(&arena);
+    if (!st.ok()) return st;
   }
   // Outside the store's lock: concurrent puts only meet in the arena's lock,
   // and only for its bookkeeping (the copies run unlocked).
   Allocation a;
-  ArenaStatus st = arena->Allocate(bytes, &a);
+  Status st = arena->Allocate(bytes, &a);
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return "out of host memory allocating " + std::to_string(bytes) +
-           " bytes (host store holds " + std::to_string(stats_.live_bytes) +
-           " bytes in " + std::to_string(stats_.live_entries) +
-           " entries): " + st.message();
+    MutexLock lock(&mu_);
+    return st.Prefixed("out of host memory allocating " +
+                       std::to_string(bytes) + " bytes (host store holds " +
+                       std::to_string(stats_.live_bytes) + " bytes in " +
+                       std::to_string(stats_.live_entries) + " entries): ");
   }
   *out = HostBuffer(std::move(arena), a.handle, a.ptr, bytes);
-  return {};
+  return Status::Ok();
 }
 
-std::string HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
-                           uint64_t* id) {
+Status HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
+                      uint64_t* id) {
   HostBuffer buffer;
   if (bytes > 0) {
     if (data == nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++stats_.total_errors;
-      return "source buffer is null but has " + std::to_string(bytes) +
-             " bytes";
+      return InvalidArgument("source buffer is null but has " +
+                             std::to_string(bytes) + " bytes");
     }
-    std::string err = AllocateBuffer(bytes, &buffer);
-    if (!err.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
+    Status st = AllocateBuffer(bytes, &buffer);
+    if (!st.ok()) {
+      MutexLock lock(&mu_);
       ++stats_.total_errors;
-      return err;
+      return st;
     }
     // The arena's pointer is stable until Free, which only this buffer's
     // owner calls: copy outside every lock so that concurrent puts overlap.
@@ -310,43 +306,45 @@ std::string HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
   return Insert(std::move(buffer), bytes, dtype_code, id);
 }
 
-std::string HostStore::Configure(const HostArenaConfig& config) {
+Status HostStore::Configure(const HostArenaConfig& config) {
   std::shared_ptr<HostArena> old;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EnsureConfigLocked();  // so that the environment cannot override it later
     if (!entries_.empty()) {
-      return "store_configure: the host store is not empty (it holds " +
-             std::to_string(stats_.live_bytes) + " bytes in " +
-             std::to_string(stats_.live_entries) +
-             " entries); fetch them or call jaxmem.native.store_clear() "
-             "first";
+      return FailedPrecondition(
+          "store_configure: the host store is not empty (it holds " +
+          std::to_string(stats_.live_bytes) + " bytes in " +
+          std::to_string(stats_.live_entries) +
+          " entries); fetch them or call jaxmem.native.store_clear() "
+          "first");
     }
     if (arena_ != nullptr) {
       const uint64_t held = arena_->Stats().live_allocations;
       if (held > 0) {
-        return "store_configure: the host store is not empty (" +
-               std::to_string(held) +
-               " host buffers are held by asynchronous copies that were "
-               "started but not finished); finish them or call "
-               "jaxmem.native.store_clear() first";
+        return FailedPrecondition(
+            "store_configure: the host store is not empty (" +
+            std::to_string(held) +
+            " host buffers are held by asynchronous copies that were "
+            "started but not finished); finish them or call "
+            "jaxmem.native.store_clear() first");
       }
     }
     std::shared_ptr<HostArena> fresh;
-    std::string err = MakeHostArena(config, &fresh);
-    if (!err.empty()) return "store_configure: " + err;
+    Status st = MakeHostArena(config, &fresh);
+    if (!st.ok()) return st.Prefixed("store_configure: ");
     old = RetireArenaLocked();
     arena_ = std::move(fresh);
     config_ = config;
     config_source_ = "store_configure";
     config_error_.clear();
   }
-  return {};  // `old` (empty) is released outside the lock
+  return Status::Ok();  // `old` (empty) is released outside the lock
 }
 
 HostArenaConfig HostStore::Config(std::string* source,
                                   std::string* error) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EnsureConfigLocked();
   if (source != nullptr) *source = config_source_;
   if (error != nullptr) *error = config_error_;
@@ -365,60 +363,59 @@ std::string HostStore::UnknownHandleMessage(uint64_t id) const {
          "(a handle from another process, a stale handle, or garbage)";
 }
 
-std::string HostStore::EraseChecked(uint64_t id, size_t bytes,
-                                    uint32_t dtype_code, bool need_dst,
-                                    Entry* out) {
+Status HostStore::EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
+                               bool need_dst, Entry* out) {
   auto it = entries_.find(id);
   if (it == entries_.end()) {
     ++stats_.total_errors;
-    return UnknownHandleMessage(id);
+    return InvalidArgument(UnknownHandleMessage(id));
   }
   const Entry& e = it->second;
   if (e.dtype_code != dtype_code || e.bytes != bytes) {
     ++stats_.total_errors;
-    return "handle " + FormatHandle(id) + " holds " + std::to_string(e.bytes) +
-           " bytes of " + DtypeName(e.dtype_code) +
-           " in the host store but " + std::to_string(bytes) + " bytes of " +
-           DtypeName(dtype_code) +
-           " were requested (dtype or shape mismatch); the entry is kept";
+    return InvalidArgument(
+        "handle " + FormatHandle(id) + " holds " + std::to_string(e.bytes) +
+        " bytes of " + DtypeName(e.dtype_code) + " in the host store but " +
+        std::to_string(bytes) + " bytes of " + DtypeName(dtype_code) +
+        " were requested (dtype or shape mismatch); the entry is kept");
   }
   if (bytes > 0 && !need_dst) {
     ++stats_.total_errors;
-    return "destination buffer is null but " + std::to_string(bytes) +
-           " bytes were requested from the host store";
+    return InvalidArgument("destination buffer is null but " +
+                           std::to_string(bytes) +
+                           " bytes were requested from the host store");
   }
   *out = std::move(it->second);
   entries_.erase(it);
   ++stats_.total_takes;
   --stats_.live_entries;
   stats_.live_bytes -= out->bytes;
-  return {};
+  return Status::Ok();
 }
 
-std::string HostStore::Take(uint64_t id, void* dst, size_t bytes,
-                            uint32_t dtype_code) {
+Status HostStore::Take(uint64_t id, void* dst, size_t bytes,
+                       uint32_t dtype_code) {
   Entry entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string err =
-        EraseChecked(id, bytes, dtype_code, dst != nullptr, &entry);
-    if (!err.empty()) return err;
+    MutexLock lock(&mu_);
+    Status st = EraseChecked(id, bytes, dtype_code, dst != nullptr, &entry);
+    if (!st.ok()) return st;
   }
   // Copy (and free, when `entry` goes out of scope) outside the lock.
   if (bytes > 0) {
     entry.data.WaitReady();
     std::memcpy(dst, entry.data.data(), bytes);
   }
-  return {};
+  return Status::Ok();
 }
 
-std::string HostStore::Insert(HostBuffer buffer, size_t bytes,
-                              uint32_t dtype_code, uint64_t* id) {
+Status HostStore::Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
+                         uint64_t* id) {
   Entry entry;
   entry.data = std::move(buffer);
   entry.bytes = bytes;
   entry.dtype_code = dtype_code;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t new_id = next_id_++;
   ++issued_;
   entries_.emplace(new_id, std::move(entry));
@@ -429,23 +426,23 @@ std::string HostStore::Insert(HostBuffer buffer, size_t bytes,
     stats_.peak_bytes = stats_.live_bytes;
   }
   *id = new_id;
-  return {};
+  return Status::Ok();
 }
 
-std::string HostStore::Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
-                              HostBuffer* out) {
+Status HostStore::Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
+                         HostBuffer* out) {
   Entry entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string err = EraseChecked(id, bytes, dtype_code, true, &entry);
-    if (!err.empty()) return err;
+    MutexLock lock(&mu_);
+    Status st = EraseChecked(id, bytes, dtype_code, true, &entry);
+    if (!st.ok()) return st;
   }
   *out = std::move(entry.data);
-  return {};
+  return Status::Ok();
 }
 
 bool HostStore::Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
   if (bytes != nullptr) *bytes = it->second.bytes;
@@ -458,7 +455,7 @@ HostStoreStats HostStore::Stats() const {
   std::shared_ptr<HostArena> arena;
   HostArenaConfig config;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EnsureConfigLocked();
     s = stats_;
     arena = arena_;
@@ -487,7 +484,7 @@ uint64_t HostStore::Clear() {
   std::shared_ptr<HostArena> old;
   uint64_t freed = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     doomed.swap(entries_);
     freed = stats_.live_bytes;
     stats_.live_bytes = 0;

@@ -14,11 +14,13 @@
 // `HostStore::Configure` (Python: `jaxmem.native.store_configure`) or by
 // $JAXMEM_HOST_ARENA, read at the store's first use:
 //
-//   * "best_fit" (default): `BestFitCachingArena`, paper 001 §4's framework
-//     default. It caches freed memory itself (segments are kept, blocks split
-//     and coalesce), so a step that offloads the same sizes every iteration
-//     reuses warm, already faulted-in pages: as fast as the old size cache.
-//   * "virtual": `VirtualChunkArena`, paper 001 §4's fix for fragmentation:
+//   * "best_fit" (default): `BestFitCachingArena`, the framework default of
+//     Hayakawa & Narihira, *Out-of-core training for extremely large-scale
+//     neural networks with adaptive window-based scheduling*, §4. It caches
+//     freed memory itself (segments are kept, blocks split and coalesce), so
+//     a step that offloads the same sizes every iteration reuses warm,
+//     already faulted-in pages: as fast as the old size cache.
+//   * "virtual": `VirtualChunkArena`, the same §4's fix for fragmentation:
 //     physical chunks (memfd) mapped into a fresh virtual range per entry;
 //     footprint is a whole number of chunks, free chunks serve any size.
 //   * "heap": `HeapCachingArena`, the store's original posix_memalign + size
@@ -61,11 +63,13 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
-#include "host_arena.h"
+#include "arena/host_arena.h"
+#include "mutex.h"
+#include "status.h"
+#include "thread_annotations.h"
 
 namespace jaxmem {
 
@@ -85,12 +89,13 @@ struct HostArenaConfig {
 // Parses a $JAXMEM_HOST_ARENA value: "MODE" or "MODE:KEY=VALUE,...", with
 // KEY one of chunk_bytes, segment_bytes, capacity_bytes and VALUE an integer
 // with an optional K/M/G (KiB/MiB/GiB) suffix, e.g. "virtual:chunk_bytes=4M".
-// Returns an error message, or "" and the result in `*out`.
-std::string ParseHostArenaConfig(const std::string& text, HostArenaConfig* out);
+// Returns InvalidArgument, or ok and the result in `*out`.
+Status ParseHostArenaConfig(const std::string& text, HostArenaConfig* out);
 
-// Makes the arena `config` describes; returns an error message or "".
-std::string MakeHostArena(const HostArenaConfig& config,
-                          std::shared_ptr<HostArena>* out);
+// Makes the arena `config` describes (InvalidArgument for a bad mode or size,
+// or the arena's own error).
+Status MakeHostArena(const HostArenaConfig& config,
+                     std::shared_ptr<HostArena>* out);
 
 // A snapshot of the store's counters.
 struct HostStoreStats {
@@ -167,55 +172,59 @@ class HostStore {
   HostStore(const HostStore&) = delete;
   HostStore& operator=(const HostStore&) = delete;
 
-  // Copies `bytes` bytes from `data` into the store, tagged with `dtype_code`.
-  // On success writes the new handle to `*id` and returns an empty string;
-  // otherwise returns an error message (allocation failure). `data` may be
-  // null when `bytes` is 0. The copy runs outside every lock.
-  std::string Put(const void* data, size_t bytes, uint32_t dtype_code,
-                  uint64_t* id);
+  // Copies `bytes` bytes from `data` into the store, tagged with `dtype_code`,
+  // and writes the new handle to `*id`. Fails like `AllocateBuffer` (or
+  // InvalidArgument for a null `data` of nonzero size; `data` may be null
+  // when `bytes` is 0). The copy runs outside every lock.
+  Status Put(const void* data, size_t bytes, uint32_t dtype_code, uint64_t* id)
+      EXCLUDES(mu_);
 
   // Copies the entry `id` into `dst` (which has room for `bytes` bytes) and
-  // erases it. Returns an empty string on success, otherwise a message saying
-  // what was wrong: unknown / stale / already fetched handle, or a size or
-  // dtype that does not match what was stored. On a size/dtype mismatch the
-  // entry is kept (a corrected retry can still succeed).
-  std::string Take(uint64_t id, void* dst, size_t bytes, uint32_t dtype_code);
+  // erases it. InvalidArgument, with a message saying what was wrong, for an
+  // unknown / stale / already fetched handle, or a size or dtype that does
+  // not match what was stored. On a size/dtype mismatch the entry is kept (a
+  // corrected retry can still succeed).
+  Status Take(uint64_t id, void* dst, size_t bytes, uint32_t dtype_code)
+      EXCLUDES(mu_);
 
   // Publishes a filled buffer as a new entry of `bytes` bytes of `dtype_code`
   // (the buffer may be larger, e.g. a pooled pinned block). Never fails today;
-  // returns an error message for symmetry with `Put`.
-  std::string Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
-                     uint64_t* id);
+  // returns a Status for symmetry with `Put`.
+  Status Insert(HostBuffer buffer, size_t bytes, uint32_t dtype_code,
+                uint64_t* id) EXCLUDES(mu_);
 
   // Validates entry `id` like `Take` and moves its buffer to `*out` without
   // copying. The handle is consumed at once: a second Remove/Take fails.
-  std::string Remove(uint64_t id, size_t bytes, uint32_t dtype_code,
-                     HostBuffer* out);
+  Status Remove(uint64_t id, size_t bytes, uint32_t dtype_code, HostBuffer* out)
+      EXCLUDES(mu_);
 
   // An uninitialised `bytes`-byte buffer from the store's arena (empty for
-  // 0 bytes), for a copy that `Insert`s it later. Returns an error message
-  // (out of memory, arena unavailable, bad $JAXMEM_HOST_ARENA) or "".
-  std::string AllocateBuffer(size_t bytes, HostBuffer* out);
+  // 0 bytes), for a copy that `Insert`s it later. ResourceExhausted when the
+  // arena (its capacity, or the OS) refuses the memory; FailedPrecondition
+  // when the configured arena cannot be made (bad $JAXMEM_HOST_ARENA).
+  Status AllocateBuffer(size_t bytes, HostBuffer* out) EXCLUDES(mu_);
 
   // Replaces the arena with a new one made from `config`. Only while the
-  // store is empty: no entries and no arena memory held by copies in flight;
-  // otherwise (or for a bad config) returns an error message naming
-  // `store_configure` and changes nothing.
-  std::string Configure(const HostArenaConfig& config);
+  // store is empty: no entries and no arena memory held by copies in flight
+  // (else FailedPrecondition); a bad config fails like `MakeHostArena`. The
+  // message names `store_configure`; nothing changes on failure.
+  Status Configure(const HostArenaConfig& config) EXCLUDES(mu_);
 
   // The current configuration; `*source` (optional) is "default", "env"
   // ($JAXMEM_HOST_ARENA) or "store_configure". `*error` (optional) is the
   // reason $JAXMEM_HOST_ARENA was rejected, "" if it was not.
-  HostArenaConfig Config(std::string* source, std::string* error) const;
+  HostArenaConfig Config(std::string* source, std::string* error) const
+      EXCLUDES(mu_);
 
   // Looks up the size and dtype of a live entry without removing it.
-  bool Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const;
+  bool Peek(uint64_t id, size_t* bytes, uint32_t* dtype_code) const
+      EXCLUDES(mu_);
 
-  HostStoreStats Stats() const;
+  HostStoreStats Stats() const EXCLUDES(mu_);
 
   // Frees every entry and drops the arena (see the file comment); returns the
   // number of payload bytes freed.
-  uint64_t Clear();
+  uint64_t Clear() EXCLUDES(mu_);
 
  private:
   struct Entry {
@@ -224,43 +233,39 @@ class HostStore {
     uint32_t dtype_code = 0;
   };
 
-  std::string UnknownHandleMessage(uint64_t id) const;  // requires mu_
-  // Checks entry `id` against a request and erases it into `*out`; requires
-  // mu_. Returns an error message (and keeps the entry) on a mismatch.
-  std::string EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
-                           bool need_dst, Entry* out);
-  // Reads $JAXMEM_HOST_ARENA on the first call; requires mu_.
-  void EnsureConfigLocked() const;
-  // The arena, made on first use; requires mu_. Returns an error message.
-  std::string EnsureArenaLocked(std::shared_ptr<HostArena>* out);
+  std::string UnknownHandleMessage(uint64_t id) const REQUIRES(mu_);
+  // Checks entry `id` against a request and erases it into `*out`.
+  // InvalidArgument (and the entry is kept) on a mismatch.
+  Status EraseChecked(uint64_t id, size_t bytes, uint32_t dtype_code,
+                      bool need_dst, Entry* out) REQUIRES(mu_);
+  // Reads $JAXMEM_HOST_ARENA on the first call.
+  void EnsureConfigLocked() const REQUIRES(mu_);
+  // The arena, made on first use. FailedPrecondition when the configuration
+  // is unusable.
+  Status EnsureArenaLocked(std::shared_ptr<HostArena>* out) REQUIRES(mu_);
   // Folds the current arena's counters into the store's and drops it;
-  // returns it so the caller can release it outside mu_. Requires mu_.
-  std::shared_ptr<HostArena> RetireArenaLocked();
+  // returns it so the caller can release it outside mu_.
+  std::shared_ptr<HostArena> RetireArenaLocked() REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> entries_;
-  uint64_t first_id_;  // first handle this process ever issued
-  uint64_t next_id_;   // next handle to issue
-  uint64_t issued_ = 0;
-  HostStoreStats stats_;
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_ GUARDED_BY(mu_);
+  const uint64_t first_id_;           // first handle this process ever issued
+  uint64_t next_id_ GUARDED_BY(mu_);  // next handle to issue
+  uint64_t issued_ GUARDED_BY(mu_) = 0;
+  HostStoreStats stats_ GUARDED_BY(mu_);
   // Lazily initialised from the environment (hence mutable: `Stats` and
   // `Config` are const but may be the first use).
-  mutable bool config_read_ = false;
-  mutable HostArenaConfig config_;
-  mutable std::string config_source_ = "default";
-  mutable std::string config_error_;  // bad $JAXMEM_HOST_ARENA
-  std::shared_ptr<HostArena> arena_;  // null until first use / after Clear
-  uint64_t retired_hits_ = 0;    // cache hits of arenas dropped before
-  uint64_t retired_misses_ = 0;  // cache misses of arenas dropped before
+  mutable bool config_read_ GUARDED_BY(mu_) = false;
+  mutable HostArenaConfig config_ GUARDED_BY(mu_);
+  mutable std::string config_source_ GUARDED_BY(mu_) = "default";
+  // Why $JAXMEM_HOST_ARENA was rejected ("" if it was not).
+  mutable std::string config_error_ GUARDED_BY(mu_);
+  // Null until first use / after Clear. The pointer is guarded; the arena
+  // locks itself (lock order: store, then arena).
+  std::shared_ptr<HostArena> arena_ GUARDED_BY(mu_);
+  uint64_t retired_hits_ GUARDED_BY(mu_) = 0;    // of arenas dropped before
+  uint64_t retired_misses_ GUARDED_BY(mu_) = 0;  // of arenas dropped before
 };
-
-// A random 64-bit id in [2^62, 2^63) to start a never-reused counter at (host
-// store handles, copy tickets): ids from another process or counter are
-// recognised as foreign, not confused with live ones.
-uint64_t RandomFirstId();
-
-// Formats a handle as 0x%016x.
-std::string FormatHandle(uint64_t id);
 
 // A human-readable name for an XLA FFI dtype code ("f32", "bf16", ...).
 std::string DtypeName(uint32_t dtype_code);

@@ -1,10 +1,13 @@
 // Copyright 2025 The jaxmem Authors.
 //
 // CUDA handlers for jaxmem's custom calls (built with JAXMEM_CUDA=1 only):
-// the same targets and semantics as the CPU handlers in jaxmem_ffi.cc and
+// the same targets and semantics as the CPU handlers in handlers/ and
 // copy_engine.cc, with a dedicated copy stream per device, CUDA events and
-// pinned host memory (DESIGN.md, "Native extension"; vDNN, paper 004 §3:
-// offload and prefetch on a separate stream; paper 001 §3 for the window).
+// pinned host memory (docs/design.md, "Native extension"; offload and
+// prefetch on a separate stream as in vDNN: Rhu et al., *Virtualizing Deep
+// Neural Networks for Memory-Efficient Neural Network Design*, §3; the window
+// as in Hayakawa & Narihira, *Out-of-core training for extremely large-scale
+// neural networks with adaptive window-based scheduling*, §3).
 //
 //   offload_start(x) -> ticket
 //       records `ready` on XLA's compute stream, makes the device's copy
@@ -36,13 +39,16 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
-#include "ffi_types.h"
+#include "handlers/common.h"
 #include "host_store.h"
+#include "ids.h"
+#include "mutex.h"
+#include "status.h"
+#include "thread_annotations.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -50,17 +56,23 @@ namespace ffi = xla::ffi;
 namespace jaxmem {
 namespace {
 
-ffi::Error CudaError(const char* what, cudaError_t err) {
-  return ffi::Error::Internal(std::string("jaxmem (CUDA) ") + what + ": " +
-                              cudaGetErrorString(err));
+// A failed CUDA call: ResourceExhausted when CUDA ran out of memory (a
+// pinned host allocation, or device memory for an event or a stream),
+// Internal otherwise.
+Status CudaStatus(const char* what, cudaError_t err) {
+  return Status(
+      err == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted
+                                       : StatusCode::kInternal,
+      std::string("jaxmem (CUDA) ") + what + ": " + cudaGetErrorString(err));
 }
 
-#define JAXMEM_CUDA_RETURN_IF_ERROR(what, expr) \
-  do {                                          \
-    cudaError_t _e = (expr);                    \
-    if (_e != cudaSuccess) return CudaError(what, _e); \
+#define JAXMEM_CUDA_RETURN_IF_ERROR(what, expr)    \
+  do {                                             \
+    cudaError_t jaxmem_cuda_error_ = (expr);       \
+    if (jaxmem_cuda_error_ != cudaSuccess) {       \
+      return CudaStatus(what, jaxmem_cuda_error_); \
+    }                                              \
   } while (0)
-
 
 // Pinned host memory ---------------------------------------------------------
 
@@ -73,7 +85,7 @@ class PinnedPool {
     return *pool;
   }
 
-  cudaError_t Allocate(size_t bytes, HostBuffer* out) {
+  cudaError_t Allocate(size_t bytes, HostBuffer* out) EXCLUDES(mu_) {
     if (bytes == 0) {
       *out = HostBuffer();
       return cudaSuccess;
@@ -81,7 +93,7 @@ class PinnedPool {
     const size_t rounded = (bytes + 4095) / 4096 * 4096;
     void* p = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = free_.lower_bound(rounded);
       if (it != free_.end() && it->first - rounded <= rounded / 8) {
         p = it->second;
@@ -93,7 +105,7 @@ class PinnedPool {
     if (p == nullptr) {
       cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocPortable);
       if (err != cudaSuccess) return err;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sizes_[p] = rounded;
     }
     *out = HostBuffer(p, bytes, &PinnedPool::Release);
@@ -103,18 +115,18 @@ class PinnedPool {
   // The HostBuffer deleter. May run in a CUDA host callback: no CUDA calls.
   static void Release(void* p, size_t /*bytes*/) {
     PinnedPool& pool = Global();
-    std::lock_guard<std::mutex> lock(pool.mu_);
+    MutexLock lock(&pool.mu_);
     auto it = pool.sizes_.find(p);
     if (it == pool.sizes_.end()) return;  // not ours: leak rather than crash
     pool.free_.emplace(it->second, p);
     pool.cached_ += it->second;
   }
 
-  uint64_t Clear() {
+  uint64_t Clear() EXCLUDES(mu_) {
     std::multimap<size_t, void*> doomed;
     uint64_t freed = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       doomed.swap(free_);
       freed = cached_;
       cached_ = 0;
@@ -125,10 +137,11 @@ class PinnedPool {
   }
 
  private:
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  std::unordered_map<void*, size_t> sizes_;  // every block we allocated
-  uint64_t cached_ = 0;
+  Mutex mu_;
+  std::multimap<size_t, void*> free_ GUARDED_BY(mu_);
+  // Every block we allocated.
+  std::unordered_map<void*, size_t> sizes_ GUARDED_BY(mu_);
+  uint64_t cached_ GUARDED_BY(mu_) = 0;
 };
 
 // Events and copy streams ----------------------------------------------------
@@ -150,26 +163,35 @@ cudaError_t NewEvent(Event* out) {
 }
 
 // One non-blocking copy stream per device, created on first use.
-cudaError_t CopyStream(cudaStream_t* out) {
-  static std::mutex mu;
-  static std::unordered_map<int, cudaStream_t>* streams =
-      new std::unordered_map<int, cudaStream_t>();
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = streams->find(device);
-  if (it != streams->end()) {
-    *out = it->second;
+class CopyStreams {
+ public:
+  static CopyStreams& Global() {
+    static CopyStreams* streams = new CopyStreams();  // leaked, like the store
+    return *streams;
+  }
+
+  cudaError_t Get(cudaStream_t* out) EXCLUDES(mu_) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    MutexLock lock(&mu_);
+    auto it = streams_.find(device);
+    if (it != streams_.end()) {
+      *out = it->second;
+      return cudaSuccess;
+    }
+    cudaStream_t s = nullptr;
+    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err != cudaSuccess) return err;
+    streams_[device] = s;
+    *out = s;
     return cudaSuccess;
   }
-  cudaStream_t s = nullptr;
-  err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (err != cudaSuccess) return err;
-  (*streams)[device] = s;
-  *out = s;
-  return cudaSuccess;
-}
+
+ private:
+  Mutex mu_;
+  std::unordered_map<int, cudaStream_t> streams_ GUARDED_BY(mu_);
+};
 
 // Makes `waiter` wait for all work enqueued on `producer` so far.
 cudaError_t Order(cudaStream_t producer, cudaStream_t waiter) {
@@ -201,42 +223,47 @@ class Tickets {
     return *t;
   }
 
-  uint64_t Add(std::unique_ptr<Job> job) {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t Add(std::unique_ptr<Job> job) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     uint64_t id = next_++;
     jobs_.emplace(id, std::move(job));
     return id;
   }
 
-  std::string Claim(uint64_t id, Kind kind, const void* device_buffer,
-                    std::unique_ptr<Job>* out) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // InvalidArgument for a stale, foreign or other-kind ticket, or a moved
+  // buffer.
+  Status Claim(uint64_t id, Kind kind, const void* device_buffer,
+               std::unique_ptr<Job>* out) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) {
-      return "copy ticket " + FormatHandle(id) +
-             (id - first_ < next_ - first_
-                  ? " is not outstanding (its done already ran, or the "
-                    "tickets were cleared)"
-                  : " was never issued by this process");
+      return InvalidArgument(
+          "copy ticket " + FormatHandle(id) +
+          (id - first_ < next_ - first_
+               ? " is not outstanding (its done already ran, or the "
+                 "tickets were cleared)"
+               : " was never issued by this process"));
     }
     if (it->second->kind != kind) {
-      return "copy ticket " + FormatHandle(id) + " belongs to the other kind "
-             "of copy; the ticket is kept";
+      return InvalidArgument("copy ticket " + FormatHandle(id) +
+                             " belongs to the other kind of copy; the ticket "
+                             "is kept");
     }
     if (it->second->bytes > 0 && it->second->device_buffer != device_buffer) {
-      return "the buffer of copy ticket " + FormatHandle(id) +
-             " moved between the start and the done; the result is refused";
+      return InvalidArgument(
+          "the buffer of copy ticket " + FormatHandle(id) +
+          " moved between the start and the done; the result is refused");
     }
     *out = std::move(it->second);
     jobs_.erase(it);
-    return {};
+    return Status::Ok();
   }
 
-  uint64_t Clear() {
+  uint64_t Clear() EXCLUDES(mu_) {
     std::unordered_map<uint64_t, std::unique_ptr<Job>> doomed;
     uint64_t freed = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       doomed.swap(jobs_);
     }
     for (auto& [id, job] : doomed) freed += job->host.bytes();
@@ -244,19 +271,19 @@ class Tickets {
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_;
+  Mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Job>> jobs_ GUARDED_BY(mu_);
   const uint64_t first_ = RandomFirstId();
-  uint64_t next_ = first_;
+  uint64_t next_ GUARDED_BY(mu_) = first_;
 };
 
 // Device <-> host ids --------------------------------------------------------
 
-ffi::Error ReadId(cudaStream_t stream, const ffi::BufferR1<ffi::U32>& words,
-                  const char* what, uint64_t* id) {
+Status ReadId(cudaStream_t stream, const ffi::BufferR1<ffi::U32>& words,
+              const char* what, uint64_t* id) {
   if (words.element_count() != 2) {
-    return ffi::Error::InvalidArgument(std::string("jaxmem: a ") + what +
-                                       " must be uint32[2]");
+    return InvalidArgument(std::string("jaxmem: a ") + what +
+                           " must be uint32[2]");
   }
   uint32_t host[2] = {0, 0};
   JAXMEM_CUDA_RETURN_IF_ERROR(
@@ -264,24 +291,24 @@ ffi::Error ReadId(cudaStream_t stream, const ffi::BufferR1<ffi::U32>& words,
       cudaMemcpyAsync(host, words.typed_data(), sizeof(host),
                       cudaMemcpyDeviceToHost, stream));
   JAXMEM_CUDA_RETURN_IF_ERROR("reading an id", cudaStreamSynchronize(stream));
-  *id = static_cast<uint64_t>(host[0]) | (static_cast<uint64_t>(host[1]) << 32);
-  return ffi::Error::Success();
+  *id = DecodeWords(host);
+  return Status::Ok();
 }
 
-ffi::Error WriteId(cudaStream_t stream, uint64_t id,
-                   ffi::ResultBufferR1<ffi::U32>& words, const char* what) {
+Status WriteId(cudaStream_t stream, uint64_t id,
+               ffi::ResultBufferR1<ffi::U32>& words, const char* what) {
   if (words->element_count() != 2) {
-    return ffi::Error::InvalidArgument(std::string("jaxmem: a ") + what +
-                                       " must be uint32[2]");
+    return InvalidArgument(std::string("jaxmem: a ") + what +
+                           " must be uint32[2]");
   }
   // Pageable source: cudaMemcpyAsync stages it before returning.
-  uint32_t host[2] = {static_cast<uint32_t>(id & 0xffffffffULL),
-                      static_cast<uint32_t>(id >> 32)};
+  uint32_t host[2];
+  EncodeWords(id, host);
   JAXMEM_CUDA_RETURN_IF_ERROR(
       "writing an id",
       cudaMemcpyAsync(words->typed_data(), host, sizeof(host),
                       cudaMemcpyHostToDevice, stream));
-  return ffi::Error::Success();
+  return Status::Ok();
 }
 
 void CUDART_CB ReleaseHostBuffer(void* data) {
@@ -303,23 +330,23 @@ cudaError_t ReleaseAfter(cudaStream_t stream, HostBuffer host) {
 
 // Handlers -------------------------------------------------------------------
 
-ffi::Error FenceImpl(cudaStream_t stream, ffi::AnyBuffer x,
-                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+Status Fence(cudaStream_t stream, ffi::AnyBuffer x,
+             ffi::Result<ffi::AnyBuffer> out) {
   if (out->untyped_data() == x.untyped_data() || x.size_bytes() == 0) {
-    return ffi::Error::Success();
+    return Status::Ok();
   }
   JAXMEM_CUDA_RETURN_IF_ERROR(
       "fence copy",
       cudaMemcpyAsync(out->untyped_data(), x.untyped_data(), x.size_bytes(),
                       cudaMemcpyDeviceToDevice, stream));
-  return ffi::Error::Success();
+  return Status::Ok();
 }
 
 // Copies `bytes` at `src` (device) into a new pinned buffer on `copy_stream`
 // after the work enqueued on `stream`; `*copied` completes with the copy.
-ffi::Error EnqueueOffload(cudaStream_t stream, cudaStream_t copy_stream,
-                          const void* src, size_t bytes, HostBuffer* host,
-                          Event* copied) {
+Status EnqueueOffload(cudaStream_t stream, cudaStream_t copy_stream,
+                      const void* src, size_t bytes, HostBuffer* host,
+                      Event* copied) {
   JAXMEM_CUDA_RETURN_IF_ERROR("pinned allocation",
                               PinnedPool::Global().Allocate(bytes, host));
   JAXMEM_CUDA_RETURN_IF_ERROR("event", NewEvent(copied));
@@ -336,88 +363,79 @@ ffi::Error EnqueueOffload(cudaStream_t stream, cudaStream_t copy_stream,
   }
   JAXMEM_CUDA_RETURN_IF_ERROR("event record",
                               cudaEventRecord(copied->get(), copy_stream));
-  return ffi::Error::Success();
+  return Status::Ok();
 }
 
 // Publishes an offloaded pinned buffer; host readers wait for `copied`.
-uint64_t Publish(HostBuffer host, size_t bytes, uint32_t dtype, Event copied) {
+Status Publish(HostBuffer host, size_t bytes, uint32_t dtype, Event copied,
+               uint64_t* id) {
   host.set_wait_ready([copied] { cudaEventSynchronize(copied.get()); });
-  uint64_t id = 0;
-  HostStore::Global().Insert(std::move(host), bytes, dtype, &id);
-  return id;
+  return HostStore::Global().Insert(std::move(host), bytes, dtype, id);
 }
 
-ffi::Error OffloadImpl(cudaStream_t stream, ffi::AnyBuffer x,
-                       ffi::ResultBufferR1<ffi::U32> handle) {
+Status Offload(cudaStream_t stream, ffi::AnyBuffer x,
+               ffi::ResultBufferR1<ffi::U32> handle) {
   if (!IsCopyable(x.element_type())) {
-    return ffi::Error::InvalidArgument("jaxmem offload: unsupported dtype");
+    return InvalidArgument("jaxmem offload: unsupported dtype");
   }
   HostBuffer host;
   Event copied;
-  if (ffi::Error e = EnqueueOffload(stream, stream, x.untyped_data(),
-                                    x.size_bytes(), &host, &copied);
-      e.failure()) {
-    return e;
-  }
-  uint64_t id = Publish(std::move(host), x.size_bytes(),
-                        static_cast<uint32_t>(x.element_type()), copied);
+  JAXMEM_RETURN_IF_ERROR(EnqueueOffload(stream, stream, x.untyped_data(),
+                                        x.size_bytes(), &host, &copied));
+  uint64_t id = 0;
+  JAXMEM_RETURN_IF_ERROR(Publish(std::move(host), x.size_bytes(),
+                                 static_cast<uint32_t>(x.element_type()),
+                                 copied, &id));
   return WriteId(stream, id, handle, "handle");
 }
 
-ffi::Error OffloadStartImpl(cudaStream_t stream, ffi::AnyBuffer x,
-                            ffi::ResultBufferR1<ffi::U32> ticket) {
+Status OffloadStart(cudaStream_t stream, ffi::AnyBuffer x,
+                    ffi::ResultBufferR1<ffi::U32> ticket) {
   if (!IsCopyable(x.element_type())) {
-    return ffi::Error::InvalidArgument(
-        "jaxmem offload_start: unsupported dtype");
+    return InvalidArgument("jaxmem offload_start: unsupported dtype");
   }
   cudaStream_t copy_stream = nullptr;
-  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream",
+                              CopyStreams::Global().Get(&copy_stream));
   auto job = std::make_unique<Job>();
   job->kind = Kind::kOffload;
   job->device_buffer = x.untyped_data();
   job->bytes = x.size_bytes();
   job->dtype = static_cast<uint32_t>(x.element_type());
-  if (ffi::Error e = EnqueueOffload(stream, copy_stream, x.untyped_data(),
-                                    x.size_bytes(), &job->host, &job->copied);
-      e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(EnqueueOffload(stream, copy_stream, x.untyped_data(),
+                                        x.size_bytes(), &job->host,
+                                        &job->copied));
   uint64_t id = Tickets::Global().Add(std::move(job));
   return WriteId(stream, id, ticket, "ticket");
 }
 
-ffi::Error OffloadDoneImpl(cudaStream_t stream, ffi::AnyBuffer x,
-                           ffi::BufferR1<ffi::U32> ticket,
-                           ffi::AnyBuffer /*dep*/,
-                           ffi::ResultBufferR1<ffi::U32> handle) {
+Status OffloadDone(cudaStream_t stream, ffi::AnyBuffer x,
+                   ffi::BufferR1<ffi::U32> ticket,
+                   ffi::ResultBufferR1<ffi::U32> handle) {
   uint64_t tid = 0;
-  if (ffi::Error e = ReadId(stream, ticket, "ticket", &tid); e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(ReadId(stream, ticket, "ticket", &tid));
   std::unique_ptr<Job> job;
-  std::string err =
-      Tickets::Global().Claim(tid, Kind::kOffload, x.untyped_data(), &job);
-  if (!err.empty()) {
-    return ffi::Error::InvalidArgument("jaxmem offload_done: " + err);
-  }
+  JAXMEM_RETURN_IF_ERROR(Tickets::Global()
+                             .Claim(tid, Kind::kOffload, x.untyped_data(), &job)
+                             .Prefixed("jaxmem offload_done: "));
   // XLA may reuse x's memory for work enqueued after this op.
   JAXMEM_CUDA_RETURN_IF_ERROR(
       "stream wait", cudaStreamWaitEvent(stream, job->copied.get(), 0));
-  uint64_t id =
-      Publish(std::move(job->host), job->bytes, job->dtype, job->copied);
+  uint64_t id = 0;
+  JAXMEM_RETURN_IF_ERROR(
+      Publish(std::move(job->host), job->bytes, job->dtype, job->copied, &id));
   return WriteId(stream, id, handle, "handle");
 }
 
 // Takes entry `hid` out of the store and enqueues its copy into `dst` on
 // `copy_stream` (after `stream`'s work), releasing the pinned buffer after.
-ffi::Error EnqueueFetch(cudaStream_t stream, cudaStream_t copy_stream,
-                        uint64_t hid, void* dst, size_t bytes, uint32_t dtype,
-                        Event* copied) {
+Status EnqueueFetch(cudaStream_t stream, cudaStream_t copy_stream, uint64_t hid,
+                    void* dst, size_t bytes, uint32_t dtype, Event* copied) {
   HostBuffer host;
-  std::string err = HostStore::Global().Remove(hid, bytes, dtype, &host);
-  if (!err.empty()) {
-    return ffi::Error::InvalidArgument("jaxmem fetch: " + err);
-  }
+  // A stale / foreign / already fetched handle or a mismatch: InvalidArgument.
+  JAXMEM_RETURN_IF_ERROR(HostStore::Global()
+                             .Remove(hid, bytes, dtype, &host)
+                             .Prefixed("jaxmem fetch: "));
   if (copy_stream != stream) {
     JAXMEM_CUDA_RETURN_IF_ERROR("stream order", Order(stream, copy_stream));
   }
@@ -437,64 +455,54 @@ ffi::Error EnqueueFetch(cudaStream_t stream, cudaStream_t copy_stream,
                               cudaEventRecord(copied->get(), copy_stream));
   JAXMEM_CUDA_RETURN_IF_ERROR("release",
                               ReleaseAfter(copy_stream, std::move(host)));
-  return ffi::Error::Success();
+  return Status::Ok();
 }
 
-ffi::Error FetchImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
-                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+Status Fetch(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+             ffi::Result<ffi::AnyBuffer> out) {
   if (!IsCopyable(out->element_type())) {
-    return ffi::Error::InvalidArgument("jaxmem fetch: unsupported dtype");
+    return InvalidArgument("jaxmem fetch: unsupported dtype");
   }
   uint64_t hid = 0;
-  if (ffi::Error e = ReadId(stream, handle, "handle", &hid); e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(ReadId(stream, handle, "handle", &hid));
   Event copied;
   return EnqueueFetch(stream, stream, hid, out->untyped_data(),
                       out->size_bytes(),
                       static_cast<uint32_t>(out->element_type()), &copied);
 }
 
-ffi::Error FetchStartImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
-                          ffi::AnyBuffer /*dep*/,
-                          ffi::Result<ffi::AnyBuffer> buf,
-                          ffi::ResultBufferR1<ffi::U32> ticket) {
+Status FetchStart(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+                  ffi::Result<ffi::AnyBuffer> buf,
+                  ffi::ResultBufferR1<ffi::U32> ticket) {
   if (!IsCopyable(buf->element_type())) {
-    return ffi::Error::InvalidArgument("jaxmem fetch_start: unsupported dtype");
+    return InvalidArgument("jaxmem fetch_start: unsupported dtype");
   }
   uint64_t hid = 0;
-  if (ffi::Error e = ReadId(stream, handle, "handle", &hid); e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(ReadId(stream, handle, "handle", &hid));
   cudaStream_t copy_stream = nullptr;
-  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream", CopyStream(&copy_stream));
+  JAXMEM_CUDA_RETURN_IF_ERROR("copy stream",
+                              CopyStreams::Global().Get(&copy_stream));
   auto job = std::make_unique<Job>();
   job->kind = Kind::kFetch;
   job->device_buffer = buf->untyped_data();
   job->bytes = buf->size_bytes();
   job->dtype = static_cast<uint32_t>(buf->element_type());
-  if (ffi::Error e = EnqueueFetch(stream, copy_stream, hid, buf->untyped_data(),
-                                  job->bytes, job->dtype, &job->copied);
-      e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(EnqueueFetch(stream, copy_stream, hid,
+                                      buf->untyped_data(), job->bytes,
+                                      job->dtype, &job->copied));
   uint64_t id = Tickets::Global().Add(std::move(job));
   return WriteId(stream, id, ticket, "ticket");
 }
 
-ffi::Error FetchDoneImpl(cudaStream_t stream, ffi::AnyBuffer buf,
-                         ffi::BufferR1<ffi::U32> ticket, ffi::AnyBuffer /*dep*/,
-                         ffi::Result<ffi::AnyBuffer> out) {
+Status FetchDone(cudaStream_t stream, ffi::AnyBuffer buf,
+                 ffi::BufferR1<ffi::U32> ticket,
+                 ffi::Result<ffi::AnyBuffer> out) {
   uint64_t tid = 0;
-  if (ffi::Error e = ReadId(stream, ticket, "ticket", &tid); e.failure()) {
-    return e;
-  }
+  JAXMEM_RETURN_IF_ERROR(ReadId(stream, ticket, "ticket", &tid));
   std::unique_ptr<Job> job;
-  std::string err =
-      Tickets::Global().Claim(tid, Kind::kFetch, buf.untyped_data(), &job);
-  if (!err.empty()) {
-    return ffi::Error::InvalidArgument("jaxmem fetch_done: " + err);
-  }
+  JAXMEM_RETURN_IF_ERROR(Tickets::Global()
+                             .Claim(tid, Kind::kFetch, buf.untyped_data(), &job)
+                             .Prefixed("jaxmem fetch_done: "));
   JAXMEM_CUDA_RETURN_IF_ERROR(
       "stream wait", cudaStreamWaitEvent(stream, job->copied.get(), 0));
   if (out->untyped_data() != buf.untyped_data() && buf.size_bytes() > 0) {
@@ -503,7 +511,49 @@ ffi::Error FetchDoneImpl(cudaStream_t stream, ffi::AnyBuffer buf,
         cudaMemcpyAsync(out->untyped_data(), buf.untyped_data(),
                         buf.size_bytes(), cudaMemcpyDeviceToDevice, stream));
   }
-  return ffi::Error::Success();
+  return Status::Ok();
+}
+
+// What XLA binds: every error leaves through ToFfiError (handlers/common.h).
+
+ffi::Error FenceImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+  return ToFfiError(Fence(stream, x, out));
+}
+
+ffi::Error OffloadImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                       ffi::ResultBufferR1<ffi::U32> handle) {
+  return ToFfiError(Offload(stream, x, handle));
+}
+
+ffi::Error OffloadStartImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                            ffi::ResultBufferR1<ffi::U32> ticket) {
+  return ToFfiError(OffloadStart(stream, x, ticket));
+}
+
+ffi::Error OffloadDoneImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                           ffi::BufferR1<ffi::U32> ticket,
+                           ffi::AnyBuffer /*dep*/,
+                           ffi::ResultBufferR1<ffi::U32> handle) {
+  return ToFfiError(OffloadDone(stream, x, ticket, handle));
+}
+
+ffi::Error FetchImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+                     ffi::AnyBuffer /*dep*/, ffi::Result<ffi::AnyBuffer> out) {
+  return ToFfiError(Fetch(stream, handle, out));
+}
+
+ffi::Error FetchStartImpl(cudaStream_t stream, ffi::BufferR1<ffi::U32> handle,
+                          ffi::AnyBuffer /*dep*/,
+                          ffi::Result<ffi::AnyBuffer> buf,
+                          ffi::ResultBufferR1<ffi::U32> ticket) {
+  return ToFfiError(FetchStart(stream, handle, buf, ticket));
+}
+
+ffi::Error FetchDoneImpl(cudaStream_t stream, ffi::AnyBuffer buf,
+                         ffi::BufferR1<ffi::U32> ticket, ffi::AnyBuffer /*dep*/,
+                         ffi::Result<ffi::AnyBuffer> out) {
+  return ToFfiError(FetchDone(stream, buf, ticket, out));
 }
 
 }  // namespace

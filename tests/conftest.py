@@ -31,6 +31,21 @@ def _clean_store():
   assert stats.live_entries == 0, f"host store leaked {stats.live_entries} entries"
 
 
+@pytest.fixture
+def restore_store_config():
+  """The host store's configuration is process-wide: a test that changes it
+  (store_configure) leaves it as it found it."""
+  from jaxmem._src import native
+  saved = native.store_config()
+  native.store_clear()
+  yield
+  native.store_clear()
+  if saved["source"] != "default" or native.store_config()["source"] != "default":
+    native.store_configure(saved["mode"], chunk_bytes=saved["chunk_bytes"],
+                           segment_bytes=saved["segment_bytes"],
+                           capacity_bytes=saved["capacity_bytes"])
+
+
 @pytest.fixture(scope="session")
 def mlp_small():
   import mlp

@@ -25,17 +25,8 @@ KiB = 1 << 10
 MiB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _restore_store_config():
-  """The configuration is process-wide: every test leaves it as it found it."""
-  saved = native.store_config()
-  native.store_clear()
-  yield
-  native.store_clear()
-  if saved["source"] != "default" or native.store_config()["source"] != "default":
-    native.store_configure(saved["mode"], chunk_bytes=saved["chunk_bytes"],
-                           segment_bytes=saved["segment_bytes"],
-                           capacity_bytes=saved["capacity_bytes"])
+# The configuration is process-wide: every test leaves it as it found it.
+pytestmark = pytest.mark.usefixtures("restore_store_config")
 
 
 def _assert_bit_equal(a, b):

@@ -1,0 +1,80 @@
+// Copyright 2025 The jaxmem Authors.
+//
+// The `jaxmem._native` Python module: exports the XLA FFI handlers
+// (handlers/handlers.h) as `registrations()` (CPU) and `cuda_registrations()`
+// (CUDA builds; empty otherwise), and adds the bindings of each concept
+// (bindings/bindings.h). Python registers the handlers as FFI targets
+// `jaxmem_<name>` (jaxmem/_src/native.py).
+
+#include <type_traits>
+
+#include "bindings/bindings.h"
+#include "handlers/handlers.h"
+#include "nanobind/nanobind.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T>
+nb::capsule EncapsulateFfiHandler(T* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
+                "Encapsulated function must be an XLA FFI handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "jaxmem native extension: XLA FFI handlers and the host store.";
+
+  m.def(
+      "registrations",
+      []() {
+        nb::dict registrations;
+        registrations["fence"] = EncapsulateFfiHandler(JaxmemFence);
+        registrations["offload"] = EncapsulateFfiHandler(JaxmemOffload);
+        registrations["fetch"] = EncapsulateFfiHandler(JaxmemFetch);
+        registrations["offload_start"] =
+            EncapsulateFfiHandler(JaxmemOffloadStart);
+        registrations["offload_done"] = EncapsulateFfiHandler(JaxmemOffloadDone);
+        registrations["fetch_start"] = EncapsulateFfiHandler(JaxmemFetchStart);
+        registrations["fetch_done"] = EncapsulateFfiHandler(JaxmemFetchDone);
+        return registrations;
+      },
+      "Maps handler name -> PyCapsule of its XLA FFI handler (CPU).");
+
+  m.def(
+      "cuda_registrations",
+      []() {
+        nb::dict registrations;
+#ifdef JAXMEM_WITH_CUDA
+        registrations["fence"] = EncapsulateFfiHandler(JaxmemCudaFence);
+        registrations["offload"] = EncapsulateFfiHandler(JaxmemCudaOffload);
+        registrations["fetch"] = EncapsulateFfiHandler(JaxmemCudaFetch);
+        registrations["offload_start"] =
+            EncapsulateFfiHandler(JaxmemCudaOffloadStart);
+        registrations["offload_done"] =
+            EncapsulateFfiHandler(JaxmemCudaOffloadDone);
+        registrations["fetch_start"] =
+            EncapsulateFfiHandler(JaxmemCudaFetchStart);
+        registrations["fetch_done"] = EncapsulateFfiHandler(JaxmemCudaFetchDone);
+#endif
+        return registrations;
+      },
+      "Maps handler name -> PyCapsule of its CUDA XLA FFI handler; empty "
+      "unless built with JAXMEM_CUDA=1.");
+
+#ifdef JAXMEM_WITH_CUDA
+  m.attr("WITH_CUDA") = true;
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
+
+  m.attr("HANDLE_WORDS") = 2;
+  jaxmem::RegisterStoreBindings(m);
+  jaxmem::RegisterCopyEngineBindings(m);
+  jaxmem::RegisterDsaBindings(m);
+  jaxmem::RegisterArenaBindings(m);
+}
