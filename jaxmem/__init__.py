@@ -7,7 +7,7 @@ Trace -> lifetimes -> plan -> rewrite -> verify:
 >>> print(prog.report())                                  # doctest: +SKIP
 >>> step = jaxmem.fit("512MiB")(lambda x: (x @ x.T).sum())
 >>> float(step(jnp.ones((64, 32))))
-65536.0
+131072.0
 """
 
 from jaxmem import dsa, native

@@ -1,4 +1,9 @@
-"""Shared fixtures: example models from examples/ and a clean native store."""
+"""Shared fixtures: the shared models (tests/models.py), a clean native store.
+
+Tests are grouped by the layer they test (``ir/``, ``estimate/``, ``plan/``,
+``planners/``, ``lower/``, ``verify/``, ``report/``, ``api/``, ``cli/``,
+``native/``), as ``jaxmem/_src`` is.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
   settings.load_profile("ci")
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-if str(EXAMPLES) not in sys.path:
-  sys.path.insert(0, str(EXAMPLES))
+TESTS = pathlib.Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "examples"
+for path in (TESTS, EXAMPLES):   # `import models`, `import mlp` from any test folder
+  if str(path) not in sys.path:
+    sys.path.insert(0, str(path))
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +42,7 @@ def _clean_store():
 def restore_store_config():
   """The host store's configuration is process-wide: a test that changes it
   (store_configure) leaves it as it found it."""
-  from jaxmem._src import native
+  from jaxmem import native
   saved = native.store_config()
   native.store_clear()
   yield
@@ -48,5 +55,6 @@ def restore_store_config():
 
 @pytest.fixture(scope="session")
 def mlp_small():
-  import mlp
-  return mlp.build(batch_size=256, width=64, depth=4)
+  """The small flax MLP step, ``(step, args)`` (:func:`models.mlp` at its defaults)."""
+  import models
+  return models.mlp()

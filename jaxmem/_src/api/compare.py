@@ -63,8 +63,12 @@ def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True) -> Compar
     A :class:`Comparison`.
 
   Example:
-    >>> import jax.numpy as jnp, jaxmem
-    >>> c = jaxmem.compare(lambda x: jnp.sin(x).sum(), jnp.ones(4096), verbose=False)
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def f(w, x):
+    ...   for _ in range(4):
+    ...     x = jnp.tanh(x @ w)
+    ...   return x.sum()
+    >>> c = jaxmem.compare(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)), verbose=False)
     >>> abs(c.relative_error) < 0.15
     True
   """

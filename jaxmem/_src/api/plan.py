@@ -30,8 +30,12 @@ def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
-    >>> p = jaxmem.plan(jax.grad(lambda x: jnp.tanh(jnp.tanh(x)).sum()), jnp.ones(1 << 16),
-    ...                 budget=0.8, planner="greedy", device="h100-pcie")
+    >>> def f(w, x):
+    ...   for _ in range(4):
+    ...     x = jnp.tanh(x @ w)
+    ...   return x.sum()
+    >>> p = jaxmem.plan(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)), budget=0.8,
+    ...                 planner="greedy", device="h100-pcie")
     >>> p.estimated_peak_bytes <= p.target_bytes
     True
   """

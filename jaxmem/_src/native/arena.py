@@ -1,6 +1,7 @@
 """Host arenas: the allocators that hold offloaded bytes in host memory.
 
-Python side of ``ffi/host_arena.{h,cc}``. Three modes of one interface:
+Python side of ``ffi/arena/`` (one file per allocator, ``host_arena.h`` the interface).
+Three modes of one interface:
 
 * ``"virtual"`` -- Hayakawa et al. §4 (*Out-of-core training for extremely
   large-scale neural networks with adaptive window-based scheduling*), "Reducing memory
@@ -64,7 +65,7 @@ TraceEvent = Union[tuple[float, int, int], tuple[float, int]]
 
 def _require_native() -> None:
   if not hasattr(_native, "make_arena"):
-    raise ImportError("this build of jaxmem._native has no host arena (ffi/host_arena.cc); "
+    raise ImportError("this build of jaxmem._native has no host arena (ffi/arena/); "
                       "rebuild the extension")
 
 

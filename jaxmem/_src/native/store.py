@@ -1,7 +1,7 @@
 """The native host store behind the offload ops, and the asynchronous copy engine.
 
 The host store (``ffi/host_store.h``) keeps offloaded bytes in a host arena
-(``ffi/host_arena.h``, :mod:`jaxmem._src.native.arena`), chosen by
+(``ffi/arena/host_arena.h``, :mod:`jaxmem._src.native.arena`), chosen by
 :func:`store_configure` or by ``$JAXMEM_HOST_ARENA`` (read at the store's first
 use): ``"best_fit"`` (the default; the framework-default caching allocator of
 Hayakawa et al.'s window-based out-of-core training, §4), ``"virtual"`` (their

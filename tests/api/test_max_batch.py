@@ -17,7 +17,7 @@ import pytest
 import jaxmem
 from jaxmem.__main__ import main
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "examples" / "mlp.py") + ":build"
 WIDTH, DEPTH = 32, 2
 MLP_KW = ["--kw", f"width={WIDTH}", "--kw", f"depth={DEPTH}"]

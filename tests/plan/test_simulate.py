@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 import jaxmem
+import models
 from jaxmem._src.plan.schedule import StepKind, build_schedule
 from jaxmem._src.planners.greedy import greedy
 
@@ -17,12 +16,8 @@ SHARED_ENGINE = jaxmem.DeviceProfile("one-engine", 1e12, 1e9, 1e12, 1e11, 1e11, 
 
 @pytest.fixture(scope="module")
 def program():
-  def loss(ws, x):
-    for w in ws:
-      x = jnp.tanh(x @ w)
-    return jnp.sum(x * x)
-  ws = [jnp.full((256, 256), 0.01) for _ in range(6)]
-  return jaxmem.analyze(jax.grad(loss), ws, jnp.ones((2048, 256)))
+  grad, args = models.tanh_mlp(depth=6, width=256, batch=2048)
+  return jaxmem.analyze(grad, *args)
 
 
 def test_no_plan_no_overhead(program):

@@ -12,6 +12,7 @@ import pytest
 from _arrays import example_array
 
 import jaxmem
+import models
 from jaxmem import native
 from jaxmem._src.lower.ffi import schedule_function
 from jaxmem._src.plan.schedule import StepKind, async_copies, build_schedule
@@ -245,9 +246,8 @@ def test_copy_cpus():
 
 @pytest.fixture(scope="module")
 def mlp_plan():
-  import mlp
-  step, args = mlp.build(batch_size=1024, width=128, depth=6)
-  prog = jaxmem.analyze(step, *args)
+  step, args = models.mlp(1024, 128, 6)
+  prog = models.mlp_program(1024, 128, 6)
   plan = jaxmem.get_planner("greedy")(prog, int(prog.peak_bytes * 0.5), "cpu",
                                       allow_remat=False)
   assert plan.num_offload >= 3
@@ -375,8 +375,7 @@ def test_async_schedule_runs_bit_identical(mlp_plan):
 
 @pytest.fixture(scope="module")
 def fitted_async():
-  import mlp
-  step, args = mlp.build(batch_size=8192, width=512, depth=8)
+  step, args = models.mlp(8192, 512, 8)
   fitted = jaxmem.fit(0.5, copies="async")(step)
   return step, args, fitted
 
@@ -480,7 +479,7 @@ def test_cuda_handlers_compile(tmp_path):
   import sys
   if os.environ.get("JAXMEM_TEST_CUDA_BUILD") != "1" or shutil.which("nvcc") is None:
     pytest.skip("set JAXMEM_TEST_CUDA_BUILD=1 on a machine with nvcc")
-  root = pathlib.Path(__file__).resolve().parent.parent
+  root = pathlib.Path(__file__).resolve().parents[2]
   build = tmp_path / "build"
   subprocess.run(["cmake", "-S", str(root), "-B", str(build), "-DJAXMEM_CUDA=ON",
                   f"-DPython_EXECUTABLE={sys.executable}"], check=True, capture_output=True)

@@ -22,7 +22,7 @@ import jaxmem
 from jaxmem import dsa
 from jaxmem.__main__ import main
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Best-fit (SmartPool, Zhang et al. §III-C) puts the 6-byte buffer at 0, the 4-byte [1, 6) one on it at 6,
 # the 4-byte [0, 2) one into the hole [0, 6) and then finds no hole for the 3-byte one: 13.

@@ -20,7 +20,7 @@ from jaxmem.__main__ import main
 from jaxmem._src.cli import common as cli
 from jaxmem._src.base.progress import stage
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "examples" / "mlp.py") + ":build"
 CNN = str(ROOT / "examples" / "cnn.py") + ":build"
 MLP_KW = ["--kw", "batch_size=256", "--kw", "width=64", "--kw", "depth=4"]

@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 import jaxmem
-from jaxmem import _native, native
+from jaxmem import native
+from jaxmem._src.native.extension import native_module as _native
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -19,6 +19,7 @@ import pytest
 
 import jaxmem
 from jaxmem import native
+from jaxmem._src.native.extension import native_module
 
 MODES = ("best_fit", "virtual", "heap")
 KiB = 1 << 10

@@ -20,7 +20,7 @@ import jaxmem
 from jaxmem._src import _compat
 from jaxmem._src.ir import sharding
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 _PRELUDE = """
 import json, os

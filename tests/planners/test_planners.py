@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import jaxmem
+import models
 
 from jaxmem._src.planners import autoswap as autoswap_mod
 from jaxmem._src.planners import common
@@ -20,9 +21,8 @@ from jaxmem._src.planners.optimal import MILPDiagnostics
 
 @pytest.fixture(scope="module")
 def mlp_program():
-  import mlp
-  step, args = mlp.build(batch_size=1024, width=256, depth=6)
-  return jaxmem.analyze(step, *args), step, args
+  step, args = models.mlp(1024, 256, 6)
+  return models.mlp_program(1024, 256, 6), step, args
 
 
 @pytest.mark.parametrize("frac", [0.8, 0.7])
@@ -127,8 +127,7 @@ def test_best_of_planners_is_the_fastest_that_fits(mlp_program):
 
 
 def test_a_paper_planner_runs_bit_identical_under_fit():
-  import mlp
-  step, args = mlp.build(batch_size=512, width=128, depth=4)
+  step, args = models.mlp(512, 128, 4)
   fitted = jaxmem.fit(0.7, planner="layrub")(step)
   res = fitted.fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jaxmem
+import models
 from jaxmem._src.report.html_page import html_report
 from jaxmem._src.plan.perfetto import THREAD_NAMES, schedule_trace
 from jaxmem._src.report.plot import plot_program, role_stacks
@@ -241,9 +242,7 @@ def test_schedule_trace(plan, tmp_path):
 
 
 def test_schedule_trace_of_async_copies_overlaps_compute():
-  import mlp
-  step, args = mlp.build(batch_size=1024, width=128, depth=6)
-  prog = jaxmem.analyze(step, *args)
+  prog = models.mlp_program(1024, 128, 6)
   plan = jaxmem.get_planner("greedy")(prog, int(prog.peak_bytes * 0.6), "h100-pcie",
                                       allow_remat=False, copies="async", window=4.0)
   trace = schedule_trace(plan, device="h100-pcie")

@@ -1,0 +1,48 @@
+"""The models the tests share, built once per configuration.
+
+* :func:`mlp`: the flax MLP train step of ``examples/mlp.py`` (adam, cross
+  entropy) -- the model most tests plan, fit and compare;
+* :func:`mlp_program`: its analyzed program;
+* :func:`tanh_mlp`: ``jax.grad`` of a bare tanh MLP, a program small enough to
+  reason about by hand (one matmul and one ``tanh`` per layer).
+
+Tests import them (``from models import mlp``); ``conftest.py`` puts this
+folder and ``examples/`` on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import jaxmem
+
+
+@functools.cache
+def mlp(batch_size: int = 256, width: int = 64, depth: int = 4
+        ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """``(step, args)`` of the flax MLP example: ``step(params, opt_state, x, y)``."""
+  import mlp as example  # examples/mlp.py
+  return example.build(batch_size=batch_size, width=width, depth=depth)
+
+
+@functools.cache
+def mlp_program(batch_size: int = 256, width: int = 64, depth: int = 4) -> jaxmem.Program:
+  """The analyzed program of :func:`mlp`."""
+  step, args = mlp(batch_size, width, depth)
+  return jaxmem.analyze(step, *args)
+
+
+def tanh_mlp(depth: int = 6, width: int = 256, batch: int = 2048, scale: float = 0.01
+             ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """``(grad_fn, (ws, x))``: the gradient of ``sum(h * h)`` after ``depth`` tanh layers."""
+  def loss(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return jnp.sum(x * x)
+  ws = [jnp.full((width, width), scale) for _ in range(depth)]
+  return jax.grad(loss), (ws, jnp.ones((batch, width)))
