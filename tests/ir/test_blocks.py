@@ -69,7 +69,6 @@ def test_scan_forward_sizes(scan_prog):
   # Beyond the body's inputs and outputs: c @ w and tanh at once.
   assert blk.inner_peak_bytes == 2 * BD == op.transient_bytes
   assert blk.branch_peaks is None and blk.cond_peak_bytes is None
-  assert scan_prog.blocks is scan_prog.blocks   # cached
 
 
 def test_scan_over_layers_grad():

@@ -1,0 +1,141 @@
+"""Lifetimes, unit by unit: live bytes from intervals, and XLA's effects applied to a Flow.
+
+Each test builds a small :class:`Flow` by hand, so the expected bytes are
+worked out in the comments, not taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxmem._src.estimate.lifetimes import (Flow, estimate, merge_common_subexpressions,
+                                            profile_from_intervals)
+from jaxmem._src.ir.primitives import Fusion
+
+C, E, V, R, M = Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW, Fusion.REDUCE, Fusion.MATERIALIZED
+
+
+def test_profile_from_intervals_sums_closed_intervals():
+  # value 0: [0, 2] 10 B; value 1: [1, 3] 5 B; value 2: [3, 3] 7 B
+  prof = profile_from_intervals(5, [0, 1, 3], [2, 3, 3], [10, 5, 7])
+  assert prof.live_bytes.tolist() == [10, 15, 15, 12, 0]
+  assert prof.peak_bytes == 15 and prof.peak_index == 1
+  assert prof.holders == (0, 1) and prof.holder_bytes == (10, 5)
+
+
+def test_transient_bytes_count_at_their_position_only():
+  prof = profile_from_intervals(3, [0], [2], [4], transient=[0, 100, 0])
+  assert prof.live_bytes.tolist() == [4, 104, 4]
+  assert prof.holders == (0,)          # transients hold no value
+
+
+def _flow(kinds, ins, outs, nbytes, *, materialized=(), **kw):
+  """A Flow whose values live from their defining step to their last reader."""
+  n = len(kinds)
+  start = [-1] * len(nbytes)
+  end = [-1] * len(nbytes)
+  for s, os_ in enumerate(outs):
+    for o in os_:
+      start[o] = end[o] = s
+  for s, is_ in enumerate(ins):
+    for x in is_:
+      if start[x] < 0:
+        start[x] = 0          # an argument
+      end[x] = max(end[x], s)
+  for x in materialized:
+    if start[x] < 0:
+      start[x] = 0
+    end[x] = n
+  fields = dict(num_steps=n, step_kind=kinds, step_inputs=ins, step_outputs=outs,
+                transient=[0] * n, hoisted=[0] * n, start=start, end=end, nbytes=nbytes,
+                materialized=frozenset(materialized), hoist_to_start=frozenset())
+  fields.update(kw)
+  return Flow(**fields)
+
+
+def test_a_cheap_value_read_by_fusible_consumers_is_virtual():
+  # x (arg, 0) -> a = cheap(x) (1) -> b = reduce(a) (2) -> c = matmul(b) (3)
+  flow = _flow([C, R, M], [[0], [1], [2]], [[1], [2], [3]], [8, 8, 4, 4], materialized=[0, 3])
+  prof, virtual = estimate(flow)
+  assert virtual.tolist() == [False, True, False, False]   # `a` is fused into the reduce
+  # Step 1 (the reduce) holds x (8) and b (4): 12 bytes, not 20 with `a` stored.
+  assert prof.live_bytes[1] == 8 + 4
+  assert prof.peak_bytes == 8 + 4 + 4        # step 2 also holds c
+
+
+def test_an_expensive_value_with_two_consumers_is_stored():
+  # a = exp(x) read by two cheap steps, which feed one reduction: XLA fuses an
+  # expensive producer into a single consumer only, cheap ones into any fusible one.
+  flow = _flow([E, C, C, R], [[0], [1], [1], [2, 3]], [[1], [2], [3], [4]], [8, 8, 8, 8, 8],
+               materialized=[0, 4])
+  _, virtual = estimate(flow)
+  assert virtual.tolist() == [False, False, True, True, False]
+  single = _flow([E, C, R], [[0], [1], [2]], [[1], [2], [3]], [8, 8, 8, 8], materialized=[0, 3])
+  assert estimate(single)[1].tolist() == [False, True, True, False]
+
+
+def test_a_fused_value_keeps_its_inputs_alive_until_its_last_use():
+  # x = matmul(a) (step 0), m = gt(x) (step 1, a 1-byte ReLU mask), y = matmul(a)
+  # (step 2), z = select(m, y) (step 3). x is last read at step 1, but XLA fuses m into
+  # its consumer and recomputes it there from x: x (8 bytes) lives until step 3.
+  flow = _flow([M, C, M, C], [[0], [1], [0], [2, 3]], [[1], [2], [3], [4]], [4, 8, 1, 8, 8],
+               materialized=[0, 4])
+  prof, virtual = estimate(flow)
+  assert virtual[2] and not virtual[1]
+  assert prof.intervals[1] == (0, 3)
+  assert prof.live_bytes[2] == 4 + 8 + 8     # a, x and y; the mask itself takes nothing
+
+
+def test_common_subexpressions_are_stored_once():
+  key = ("concatenate", "params", (), ("f32[4]",))
+  # Two identical steps on the same input: the second merges into the first.
+  flow = _flow([M, M, M], [[0], [0], [1, 2]], [[1], [2], [3]], [4, 16, 16, 4],
+               materialized=[0, 3], cse_keys=[key, key, None])
+  merged, alias = merge_common_subexpressions(flow)
+  assert alias == {2: 1}
+  assert merged.step_outputs[1] == [] and merged.step_inputs[2] == [1, 1]
+  prof, virtual = estimate(flow)
+  assert virtual[2]                          # stored by the value it was merged into
+  assert prof.peak_bytes == 4 + 16 + 4       # one 16-byte buffer, not two
+  unmerged = dataclasses.replace(flow, cse_keys=[key, None, None])
+  assert estimate(unmerged)[0].peak_bytes == 4 + 16 + 16 + 4
+
+
+def test_a_movable_step_runs_as_soon_as_its_inputs_exist():
+  # Step 1 (the optimizer update of a gradient made at step 0) is movable: it runs at
+  # position 0, so the gradient (value 1) dies there instead of living until step 1.
+  flow = _flow([M, C, M], [[0], [1], [0]], [[1], [2], [3]], [4, 100, 4, 4],
+               materialized=[0, 2, 3], movable=[False, True, False])
+  prof, _ = estimate(flow)
+  assert prof.intervals[1] == (0, 0)
+  fixed = estimate(dataclasses.replace(flow, movable=None))[0]
+  assert fixed.intervals[1] == (0, 1)
+
+
+def test_shared_broadcasts_live_from_their_first_reader_to_their_last():
+  flow = _flow([C, C, C], [[0], [0], [0]], [[1], [2], [3]], [4, 4, 4, 4], materialized=[0, 1, 2, 3],
+               shared_reads=[[(0, 64)], [], [(0, 64)]])
+  prof, _ = estimate(flow)
+  # The values (4 bytes each, live from their step) plus one 64-byte broadcast of
+  # value 0, stored from its first reader (step 0) to its last (step 2).
+  assert prof.live_bytes[:3].tolist() == [8 + 64, 12 + 64, 16 + 64]
+  single = dataclasses.replace(flow, shared_reads=[[(0, 64)], [], []])
+  assert estimate(single)[0].peak_bytes == 16        # one reader fuses it: nothing stored
+
+
+def test_values_hoisted_to_the_start_live_from_position_zero():
+  flow = _flow([M, M, M], [[], [0], [1, 2]], [[1], [2], [3]], [4, 4, 40, 4],
+               materialized=[0, 3])
+  base = estimate(flow)[0]
+  hoisted = estimate(dataclasses.replace(flow, hoist_to_start=frozenset({2})))[0]
+  assert base.intervals[2][0] == 1 and hoisted.intervals[2][0] == 0
+  assert hoisted.live_bytes[0] == base.live_bytes[0] + 40
+
+
+def test_estimate_is_a_pure_function_of_the_flow():
+  flow = _flow([C, R, M], [[0], [1], [2]], [[1], [2], [3]], [8, 8, 4, 4], materialized=[0, 3])
+  a, b = estimate(flow)[0], estimate(flow)[0]
+  np.testing.assert_array_equal(a.live_bytes, b.live_bytes)
+  assert a.intervals == b.intervals

@@ -1,0 +1,144 @@
+"""The XLA model, rule by rule, on small traced programs (no compile)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmem._src.estimate import xla_model
+from jaxmem._src.estimate.analysis import analyze_program, refine_roles
+from jaxmem._src.ir.primitives import Fusion
+from jaxmem._src.ir.program import Phase, Role
+from jaxmem._src.ir.trace import trace
+
+
+def _ops(program, name):
+  return [op for op in program.ops if op.primitive == name]
+
+
+def test_concatenate_is_a_cheap_producer_on_the_cpu():
+  prog = trace(lambda a, b: jnp.concatenate([a, b]).sum(), (jnp.ones(8), jnp.ones(8)))
+  (cat,) = _ops(prog, "concatenate")
+  assert xla_model.op_fusion_kind(prog, cat) is (Fusion.CHEAP if prog.backend == "cpu"
+                                                 else Fusion.VIEW)
+
+
+def test_a_broadcast_read_by_both_passes_is_stored():
+  # b = broadcast(s) is read by the forward product and again by its transpose.
+  def loss(x):
+    s = jnp.sum(x, axis=-1, keepdims=True)
+    b = jnp.broadcast_to(s, x.shape)
+    return jnp.sum(b * x * x)
+  prog = trace(jax.grad(loss), (jnp.ones((16, 32)),))
+  kinds = [xla_model.op_fusion_kind(prog, op) for op in _ops(prog, "broadcast_in_dim")
+           if op.phase is Phase.FORWARD and op.input_ids()
+           and prog.vars[op.input_ids()[0]].shape == (16, 1)]
+  assert kinds == ([Fusion.MATERIALIZED] if prog.backend == "cpu" else [Fusion.CHEAP])
+
+
+def test_an_implicit_size_one_broadcast_read_by_both_passes_is_charged():
+  # softmax: `e / s` broadcasts the [16, 1] denominator inside the divide, in the
+  # forward pass and again in the backward pass: one stored [16, 32] broadcast.
+  def loss(x):
+    e = jnp.exp(x)
+    return jnp.sum(e / jnp.sum(e, axis=-1, keepdims=True) * x)
+  prog = trace(jax.grad(loss), (jnp.ones((16, 32)),))
+  shared = [(op, sh) for op, sh in zip(prog.ops, xla_model.shared_broadcasts(prog)) if sh]
+  if prog.backend != "cpu":
+    assert not shared
+    return
+  assert shared
+  for op, pairs in shared:
+    for pos, nbytes in pairs:
+      assert prog.vars[op.inputs[pos]].shape == (16, 1) and nbytes == 16 * 32 * 4
+
+
+def test_conv_layout_copies_and_backend_independence():
+  x = jnp.ones((2, 4, 8, 8))      # NCHW; the same bytes in NHWC
+  w = jnp.ones((3, 3, 4, 4))
+  nchw = jax.make_jaxpr(lambda x, w: jax.lax.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "HWIO", "NCHW")))(x, w).eqns[0]
+  nhwc = jax.make_jaxpr(lambda x, w: jax.lax.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))(
+          x.transpose(0, 2, 3, 1), w).eqns[0]
+  assert xla_model.hidden_bytes(nhwc, "cpu") == (0, 0)
+  # lhs and out are transposed into the native layout: their bytes are added.
+  assert xla_model.hidden_bytes(nchw, "cpu") == (2 * x.nbytes, 0)
+  assert xla_model.hidden_bytes(nchw, "gpu") == (0, 0)
+
+
+def test_cse_keys_hold_parameters_and_literal_positions():
+  prog = trace(lambda x: (x - 1.0) * (1.0 - x) * (x - 1.0), (jnp.ones(4),))
+  subs = _ops(prog, "sub")
+  keys = xla_model.cse_keys(prog)
+  a, b, c = (keys[op.index] for op in subs)
+  assert a == c and a != b            # `x - 1` twice is one value; `1 - x` is another
+  rng = trace(lambda k: jax.random.bits(k, (4,)) + jax.random.bits(k, (4,)),
+              (jax.random.key(0),))
+  assert all(keys is None for op, keys in zip(rng.ops, xla_model.cse_keys(rng))
+             if op.primitive in ("random_bits", "threefry2x32"))
+
+
+def test_constants_feeding_a_matmul_are_hoisted():
+  def f(x):
+    return (x @ jnp.ones((16, 16))).sum() + (x + jnp.zeros((8, 16))).sum()
+  prog = trace(f, (jnp.ones((8, 16)),))
+  hoisted = xla_model.hoisted_constants(prog)
+  fed_to_dot = {x for op in _ops(prog, "dot_general") for x in op.input_ids()
+                if prog.constant_like[x]}
+  assert fed_to_dot and fed_to_dot <= hoisted
+  assert all(not any(prog.ops[u].primitive == "add" for u in prog.vars[v].uses)
+             or any(prog.ops[u].primitive == "dot_general" for u in prog.vars[v].uses)
+             for v in hoisted)
+
+
+def test_the_update_after_the_backward_pass_is_movable():
+  def step(w, x):
+    g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+    return w - 0.1 * g
+  prog = trace(step, (jnp.ones((8, 8)), jnp.ones((4, 8))))
+  movable = xla_model.movable_ops(prog)
+  last_backward = max(op.index for op in prog.ops if op.phase is Phase.BACKWARD)
+  assert any(movable) and not any(movable[: last_backward + 1])
+  assert all(prog.ops[k].phase is Phase.OTHER for k, m in enumerate(movable) if m)
+
+
+def test_the_planned_model_prices_a_substituted_max_pool_gradient():
+  def loss(x):
+    y = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    return jnp.sum(y * y)
+  x = jnp.ones((2, 8, 8, 4))
+  prog = trace(jax.grad(loss), (x,))
+  (k,) = [op.index for op in _ops(prog, "select_and_scatter_add")]
+  plain = xla_model.op_memory_model(prog, planned=False)[k]
+  planned = xla_model.op_memory_model(prog, planned=True)[k]
+  if prog.backend == "cpu":
+    assert plain.hoisted > 0 and planned.hoisted == 0        # no index arrays up front
+    assert planned.transient == 2 * x.nbytes
+  assert planned.kind is Fusion.MATERIALIZED
+
+
+def test_the_estimate_returns_new_values_and_leaves_the_program_as_it_was():
+  def loss(w, x):
+    return jnp.sum(jax.nn.relu(x @ w) @ w)
+  prog = trace(jax.grad(loss), (jnp.ones((32, 32)), jnp.ones((256, 32))))
+  roles = tuple(v.role for v in prog.vars)
+  analyzed = analyze_program(prog)
+  assert tuple(v.role for v in prog.vars) == roles            # unchanged
+  refined = [v.id for v, a in zip(prog.vars, analyzed.vars) if v.role is not a.role]
+  assert refined and all(analyzed.vars[i].role is Role.ACTIVATION for i in refined)
+  assert refine_roles(prog, analyzed.profile) == analyzed.vars
+  with pytest.raises(AttributeError):
+    analyzed.profile = None   # frozen
+
+
+def test_op_seconds_are_zero_for_ops_xla_removes():
+  def f(x):
+    unused = jnp.sin(x) * 2.0   # noqa: F841 (dead: nothing reads it)
+    return jnp.cos(x).sum()
+  prog = analyze_program(trace(f, (jnp.ones(1024),)))
+  seconds = prog.op_seconds("h100-pcie")
+  dead = np.asarray(prog.dead)
+  assert dead.any() and (seconds[dead] == 0).all() and (seconds[~dead] > 0).all()

@@ -1,0 +1,157 @@
+"""The schedule, unit by unit: where restores, fences, pins and copies go, and what they cost.
+
+Programs are tiny hand-written steps; decisions are made by hand, so each test
+states the placement rule it checks (``jaxmem/_src/plan/schedule.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxmem
+import models
+from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.plan.schedule import (Schedule, StepKind, build_schedule, choose_dep,
+                                       fence_points, window_bytes)
+
+
+@pytest.fixture(scope="module")
+def program():
+  grad, args = models.tanh_mlp(depth=4, width=64, batch=512)
+  return jaxmem.analyze(grad, *args)
+
+
+def _residual(program):
+  """A forward tanh output read again by the backward pass, and its gap."""
+  for v in program.vars:
+    if v.role.value == "activation" and program.ops[v.defined_by].primitive == "tanh":
+      fwd = [u for u in v.uses if program.ops[u].phase.value == "forward"]
+      bwd = [u for u in v.uses if program.ops[u].phase.value == "backward"]
+      if fwd and bwd:
+        return v, max(fwd), min(bwd)
+  raise AssertionError("no residual")
+
+
+def test_no_decision_is_the_program_itself(program):
+  sched = build_schedule(program, ())
+  assert [st.kind for st in sched.steps] == [StepKind.COMPUTE] * program.num_ops
+  assert [st.op for st in sched.steps] == list(range(program.num_ops))
+  assert sched.value_var == tuple(range(len(program.vars)))
+  # Priced like the program: the same peak.
+  assert sched.profile().peak_bytes == program.peak_bytes
+
+
+def test_an_offload_goes_after_the_last_use_and_its_fetch_before_the_next(program):
+  v, a, b = _residual(program)
+  sched = build_schedule(program, [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)])
+  kinds = [st.kind for st in sched.steps]
+  off = kinds.index(StepKind.OFFLOAD)
+  fetch = kinds.index(StepKind.FETCH)
+  assert sched.steps[off - 1].op == a and sched.steps[off].anchor == a + 0.5
+  assert sched.steps[fetch + 1].op == b and sched.steps[fetch].anchor == b - 0.5
+  handle = sched.steps[off].outputs[0]
+  assert sched.steps[fetch].inputs[0] == handle and sched.value_var[handle] is None
+  # The use after the gap reads the fetched version, not the original.
+  fetched = sched.steps[fetch].outputs[0]
+  assert sched.value_var[fetched] == v.id
+  assert fetched in sched.steps[fetch + 1].inputs and v.id not in sched.steps[fetch + 1].inputs
+  # The fetch waits for the use's other input (its `dep`), chosen by choose_dep.
+  assert sched.steps[fetch].inputs[1] == choose_dep(program, b, {v.id})
+
+
+def test_a_remat_recomputes_its_chain_behind_fences_before_the_use(program):
+  v, a, b = _residual(program)
+  chain = (v.defined_by,)
+  sched = build_schedule(program, [Decision(v.id, Action.REMAT, a, b, chain, v.nbytes)])
+  recomputed = [i for i, st in enumerate(sched.steps) if st.recompute]
+  assert [sched.steps[i].op for i in recomputed] == list(chain)
+  i = recomputed[0]
+  fences = [st for st in sched.steps[:i] if st.kind is StepKind.FENCE and st.anchor == b - 0.5]
+  assert [st.var for st in fences] == fence_points(program, chain)
+  assert sched.steps[i + 1].op == b
+  new = sched.steps[i].outputs[0]
+  assert sched.value_var[new] == v.id and new in sched.steps[i + 1].inputs
+
+
+def test_pins_fence_a_value_right_after_its_definition(program):
+  v, _, _ = _residual(program)
+  sched = build_schedule(program, (), pinned=(v.id,))
+  (k,) = [i for i, st in enumerate(sched.steps) if st.kind is StepKind.PIN]
+  assert sched.steps[k - 1].op == v.defined_by and sched.steps[k].anchor == v.defined_by + 0.25
+  pinned = sched.steps[k].outputs[0]
+  later = [st for st in sched.steps[k + 1:] if st.kind is StepKind.COMPUTE]
+  assert all(v.id not in st.inputs for st in later)
+  assert any(pinned in st.inputs for st in later)
+
+
+def test_offloading_a_residual_frees_its_bytes_over_its_gap():
+  # h = x @ w is read by the next matmul and by the backward weight gradient: matmuls
+  # read stored operands, so nothing keeps h on the device over its gap. (A tanh
+  # output would not do: its fused derivative `1 - t * t` reads it in place.)
+  def loss(w, x):
+    h = x @ w
+    return jnp.sum(jnp.sin(h @ w) @ w)
+  program = jaxmem.analyze(jax.grad(loss), jnp.ones((64, 64)), jnp.ones((2048, 64)))
+  (mm,) = [op for op in program.ops if op.primitive == "dot_general" and op.index == 0]
+  v = program.vars[mm.outputs[0]]
+  a = max(u for u in v.uses if program.ops[u].phase.value == "forward")
+  b = min(u for u in v.uses if program.ops[u].phase.value == "backward")
+  assert b - a > 2
+  plain = build_schedule(program, ()).profile()
+  sched = build_schedule(program, [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)])
+  prof = sched.profile()
+  mid = [i for i, st in enumerate(sched.steps) if st.op is not None and a < st.op < b]
+  assert mid
+  for i in mid:   # v's bytes are off the device for the whole gap (an 8-byte handle stays)
+    assert prof.live_bytes[i] == plain.live_bytes[sched.steps[i].op] - v.nbytes + 8
+
+
+def test_async_copies_split_into_starts_and_dones_inside_the_budget(program):
+  v, a, b = _residual(program)
+  d = Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)
+  sync = build_schedule(program, [d])
+  sched = build_schedule(program, [d], copies="async", window=4.0,
+                         budget=sync.profile().peak_bytes)
+  assert sched.copies == "async" and len(sched.windows) == 1
+  w = sched.windows[0]
+  assert w.offload_start <= w.offload_done < w.fetch_start <= w.fetch_done
+  assert sched.profile().peak_bytes <= sync.profile().peak_bytes
+
+
+def test_window_bytes_reads_ints_as_bytes_and_floats_as_multiples():
+  assert window_bytes(1000, 64) == 1000
+  assert window_bytes(2.0, 64) == 128
+  assert window_bytes(None, 64) == 64
+  with pytest.raises(ValueError, match="window"):
+    window_bytes(-1, 64)
+  with pytest.raises(ValueError, match="window"):
+    window_bytes(True, 64)
+
+
+def test_a_bad_copy_mode_is_refused(program):
+  with pytest.raises(ValueError, match="copies"):
+    build_schedule(program, (), copies="eventually")
+
+
+def test_schedules_are_immutable(program):
+  sched = build_schedule(program, ())
+  assert isinstance(sched, Schedule)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    sched.copies = "async"
+  assert isinstance(sched.steps, tuple)
+
+
+def test_a_schedule_runs_to_the_same_values(program):
+  # The ffi backend executes exactly the step list: offload + remat give jit's values.
+  from jaxmem._src.lower.ffi import schedule_function
+  grad, args = models.tanh_mlp(depth=4, width=64, batch=512)
+  v, a, b = _residual(program)
+  sched = build_schedule(program, [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)])
+  got = jax.jit(schedule_function(sched))(*jax.tree_util.tree_leaves(args))
+  want = jax.tree_util.tree_leaves(jax.jit(grad)(*args))
+  for g, w in zip(got, want):
+    assert jnp.array_equal(g, w)
