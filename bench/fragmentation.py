@@ -1,4 +1,4 @@
-"""Host-arena fragmentation: best-fit caching vs virtual chunks (the analogue of paper 001 Fig. 3).
+"""Host-arena fragmentation: best-fit caching vs virtual chunks (the analogue of Hayakawa et al. Fig. 3).
 
 Paper 001 (Hayakawa et al.) Fig. 3 plots the memory budget given to the out-of-core scheduler
 against the memory actually used: with the frameworks' best-fit caching allocator the usage
@@ -16,7 +16,7 @@ Allocators (``jaxmem._src.native.arena``):
 * ``best_fit/2MiB`` and ``best_fit/20MiB`` -- best-fit with caching, segments of at least 2 MiB
   (PyTorch's small-pool segment) or 20 MiB (PyTorch's large-pool segment for 1-10 MiB requests);
   a larger request gets its own segment of its size rounded to pages.
-* ``virtual/64KiB`` and ``virtual/2MiB`` -- paper 001 §4 chunks (2 MiB: the CUDA minimum the paper
+* ``virtual/64KiB`` and ``virtual/2MiB`` -- Hayakawa et al. §4 chunks (2 MiB: the CUDA minimum the paper
   cites; 64 KiB: 16 pages).
 * ``planned`` -- offline DSA layout of the whole trace (SmartPool §III, ``ffi/dsa.cc``): what a
   static plan reaches when every shape is known in advance.
@@ -49,6 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 
+from _results import write_excerpt  # noqa: E402
 import jaxmem  # noqa: E402
 from jaxmem._src.native import arena  # noqa: E402
 from jaxmem._src.plan.host_trace import offload_trace  # noqa: E402
@@ -240,7 +241,7 @@ def fmt_mib(n: float) -> str:
 def write_md(rows: list[dict[str, Any]], meta: dict[str, Any], path: pathlib.Path) -> None:
   names = list(ALLOCATORS)
   lines = [
-      "# Host-arena fragmentation (analogue of paper 001 Fig. 3)", "",
+      "# Host-arena fragmentation (analogue of Hayakawa et al. Fig. 3)", "",
       f"{ {k: v for k, v in meta.items() if k != 'notes'} }", "",
       "Peak load = the most offloaded bytes live at once (an ideal allocator's footprint). "
       "Each allocator cell: footprint reached in MiB (footprint / peak load). "
@@ -306,7 +307,7 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     ax.set_title("synthetic traces", fontsize=9)
     ax.set_ylabel("host footprint / peak load")
   axes[0][0].legend(fontsize=7)
-  fig.suptitle("Host arena footprint reached vs offload load asked (cf. paper 001 Fig. 3)",
+  fig.suptitle("Host arena footprint reached vs offload load asked (cf. Hayakawa et al. Fig. 3)",
                fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -337,6 +338,10 @@ def main() -> None:
   except ImportError:
     print("matplotlib missing: no plot", file=sys.stderr)
   print(out.with_suffix(".md").read_text())
+  excerpt = ("`python bench/fragmentation.py` (" + meta["date"] + "; `bench/results/fragmentation.md`, "
+             "the analogue of Hayakawa et al. Fig. 3): host footprint reached / peak offload load.\n\n"
+             + "\n".join(meta["notes"]))
+  print(f"wrote {write_excerpt('fragmentation', excerpt, out.parent)}")
 
 
 def notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -349,7 +354,7 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
     rev = min(r["reverse_order"] for r in fit)
     bf = worst["best_fit/2MiB"]
     verdict = ("too regular to fragment a best-fit arena: blocks are reused exactly and what "
-               "overhead there is comes from rounding (segment size, chunk size; paper 001 §4 "
+               "overhead there is comes from rounding (segment size, chunk size; Hayakawa et al. §4 "
                "eq. (1))" if bf <= 1.05 else
                f"enough to fragment a best-fit arena ({bf:.2f}x)")
     out.append(
@@ -357,7 +362,7 @@ def notes(rows: list[dict[str, Any]]) -> list[str]:
         f"per plan, fetched in reverse offload order (>= {rev:.0%} of overlapping pairs), the same "
         f"every step: {verdict}. Worst footprint/load over the example plans: "
         + ", ".join(f"{a} {v:.2f}x" for a, v in worst.items()) + ". The example plans offload "
-        "too few, too uniform buffers to show paper 001's fragmentation; the synthetic traces "
+        "too few, too uniform buffers to show Hayakawa et al.'s fragmentation; the synthetic traces "
         "below do.")
   for r in rows:
     if r["trace"].startswith("synthetic") and "allocators" in r:

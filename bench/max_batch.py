@@ -9,8 +9,8 @@ per-model budget, :func:`jaxmem.max_batch` searches the largest batch size whose
   (every block under ``nn.remat`` with ``nothing_saveable`` / ``dots_saveable``),
 * ``jaxmem.fit`` with the planners ``greedy``, ``segments`` and ``auto``.
 
-It is the analogue of paper 001's Table 1 (ResNet-50: the largest batch trainable in
-16 GB, with and without out-of-core scheduling) and of paper 004's VGG-16 result
+It is the analogue of Hayakawa et al.'s Table 1 (ResNet-50: the largest batch trainable in
+16 GB, with and without out-of-core scheduling) and of vDNN's VGG-16 result
 (batch 256 needing 28 GB trained on a 12 GB K40).
 
 Each factory builds the step once and re-batches its data arguments (the images
@@ -45,6 +45,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
+from _results import write_excerpt  # noqa: E402
 import jaxmem  # noqa: E402
 
 POLICIES = ("nothing_saveable", "dots_saveable")
@@ -316,6 +317,26 @@ def table(rows: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def pivot(rows: list[dict[str, Any]]) -> str:
+  """One row per model: jit's largest batch, then each method's as a ratio to it."""
+  models = list(dict.fromkeys((r["model"], r["budget"]) for r in rows))
+  methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+  lines = ["| model (budget) | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+  for model, budget in models:
+    cells = []
+    for m in methods:
+      r = next((r for r in rows if (r["model"], r["budget"], r["method"]) == (model, budget, m)),
+               None)
+      if r is None or r["status"] != "ok":
+        cells.append("-")
+      elif m == "jit":
+        cells.append(str(r["batch"]))
+      else:
+        cells.append(f"{r['ratio']:.2f}x" if r.get("ratio") else "-")
+    lines.append(f"| {model} ({budget}) | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -354,8 +375,8 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Mo
   lines = [
       "# Largest batch within a fixed budget",
       "",
-      "The analogue of paper 001's Table 1 (the largest ResNet-50 batch trainable in a 16 GB "
-      "budget, with and without out-of-core scheduling) and of paper 004's VGG-16 result "
+      "The analogue of Hayakawa et al.'s Table 1 (the largest ResNet-50 batch trainable in a 16 GB "
+      "budget, with and without out-of-core scheduling) and of vDNN's VGG-16 result "
       "(batch 256, 28 GB, trained on a 12 GB K40), on CPU-sized models: for each model and a "
       "fixed budget, the largest batch size whose **compiled** peak (`memory_analysis()`: "
       "arguments + outputs + temp - aliased) fits, found by `jaxmem.max_batch` "
@@ -367,7 +388,7 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Mo
       "the example's blocks under `nn.remat` with that JAX policy (the factories' "
       "`remat_policy=`), compiled with plain `jax.jit`; `greedy`, `segments`, `auto` are "
       "`jaxmem.fit(budget, planner=...)` (offloaded bytes live in host memory, outside the "
-      "budget, as in papers 001 and 004).",
+      "budget, as in Hayakawa et al. and vDNN).",
       "",
       "Models (each factory builds the step once and repeats the data examples to every batch "
       "size, rather than re-initialising the parameters per batch size; the step depends on "
@@ -396,7 +417,7 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Mo
       "other paths). Bisection then stops at a batch that fits next to one that does not, "
       "which is what the table reports; it is a lower bound on the largest batch that fits.",
       "",
-      "On XLA:CPU `jax.checkpoint` policies barely change the compiled peak (DESIGN.md fact 1: "
+      "On XLA:CPU `jax.checkpoint` policies barely change the compiled peak (docs/design.md, 'Why native ops': "
       "the CPU pipeline drops `optimization_barrier` and CSE merges the recomputation back "
       "into the forward pass), so their ratio stays near 1 here (not measured on a GPU, where "
       "XLA keeps the recomputation). jaxmem's plans are enforced by its native fence/offload/fetch ops, so they "
@@ -407,6 +428,12 @@ def write(rows: list[dict[str, Any]], meta: dict[str, Any], models: dict[str, Mo
   ]
   (out / "max_batch.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
   plot(rows, out / "max_batch.png")
+  excerpt = (f"`python bench/max_batch.py` ({meta.get('date', '')}; `bench/results/max_batch.md`, plot "
+             "`bench/results/max_batch.png`): the largest batch whose *compiled* peak fits a fixed "
+             "budget, CPU-sized models, as a ratio to `jax.jit`'s; each figure is a lower bound "
+             "(a batch that fits next to one that does not). `jit`: its largest batch; the other "
+             "columns: the ratio to it.\n\n" + pivot(rows))
+  print(f"wrote {write_excerpt('max_batch', excerpt, out)}")
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 For each case the step is fitted once (``jaxmem.fit``, synchronous copies) and
 its plan is compiled twice: ``copies="sync"`` (one blocking custom call per
 offload/fetch) and ``copies="async"`` (a start and a done per copy, placed by
-``schedule.async_copies`` after paper 001 §3, the copy running on the copy
+``schedule.async_copies`` after Hayakawa et al. §3, the copy running on the copy
 engine's worker thread in between). Same decisions, same budget: only the copy
 ops differ. Both must stay within the budget and be bit-identical to
 ``jax.jit``; then both run interleaved in one process (alternating order each
@@ -42,6 +42,8 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
+
+from _results import write_excerpt  # noqa: E402
 
 SETTINGS = ("shared", "copy-core")
 
@@ -279,6 +281,22 @@ def main() -> None:
       "(XLA's default); *copy-core* = XLA on all cores but one, the copy worker pinned to "
       "that one (`JAXMEM_COPY_CPUS`), as a GPU's copy engines are separate hardware.\n\n"
       f"{meta}\n\n{md}\n")
+  print(f"wrote {write_excerpt('overlap', readme_excerpt(rows, meta), out)}")
+
+
+def readme_excerpt(rows: list[dict], meta: dict) -> str:
+  """The README's view: async/sync per setting and case."""
+  lines = [f"`python bench/overlap.py` ({meta['date']}; `bench/results/overlap.md`): the same plan "
+           "with synchronous and asynchronous copies, timed interleaved; async/sync < 1 is "
+           "faster. *shared*: the copy worker competes with XLA for every core; *copy-core*: "
+           "it has a core of its own (`JAXMEM_COPY_CPUS`), as a GPU's copy engine is its own "
+           "hardware.", "",
+           "| setting | case | offloads | async/sync (median of rounds) | copy ms per step, "
+           "still blocked |", "|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['threads']} | {r['case']} | {r['offloads']} | {r['ratio_median']:.3f} | "
+                 f"{r['copy_ms_per_step']:.1f}, {r['blocked_ms_per_step']:.1f} |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

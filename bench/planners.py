@@ -4,7 +4,7 @@ Part 1 (simulated; no compile): for each model and budget (a fraction of the
 estimated unplanned peak, and the smallest any planner reaches) every planner
 plans for ``h100-pcie``; the table gives its estimated peak (``fits`` when it
 is within the budget) and the overhead :func:`jaxmem.simulate` predicts on
-``h100-pcie``, on ``v100`` (paper 001's machine) and on ``k40`` (papers 002 and
+``h100-pcie``, on ``v100`` (Hayakawa et al.'s machine) and on ``k40`` (Layrub's and vDNN's,
 004). Baselines in the same table: plain ``jax.jit`` and the step with every
 block under ``nn.remat`` with JAX's ``nothing_saveable`` and ``dots_saveable``
 policies (what users pick by hand), analysed and simulated the same way.
@@ -34,17 +34,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
+from _results import write_excerpt  # noqa: E402
 from jaxmem._src.planners.registry import PLANNERS  # noqa: E402
 
 PLANNER_NAMES = ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "optimal", "auto")
 DEVICES = ("h100-pcie", "v100", "k40")
 FRACTIONS = (0.9, 0.7, 0.5, 0.3)
 CLAIMS = {
-    "vdnn": "vDNN (paper 004): VGG-16 batch 256 (28 GB) trained in 12 GB on a K40 at 22% loss",
-    "layrub": "Layrub (paper 002): -58.2% memory on average at +24.1% training time (K40)",
-    "autoswap": "AutoSwap (paper 003): ResNet50 4418 -> 2906 MB load (-34.2%) at no overhead (1080 Ti)",
-    "window": "Hayakawa et al. (paper 001): ResNet-50 batch 1440 at 55% of baseline speed (V100)",
-    "segments": "Chen et al. 2016 (not in papers/): O(sqrt n) memory for one extra forward pass (~30%)",
+    "vdnn": "vDNN (Rhu et al.): VGG-16 batch 256 (28 GB) trained in 12 GB on a K40 at 22% loss",
+    "layrub": "Layrub (Jin et al.): -58.2% memory on average at +24.1% training time (K40)",
+    "autoswap": "AutoSwap (Zhang et al.): ResNet50 4418 -> 2906 MB load (-34.2%) at no overhead (1080 Ti)",
+    "window": "Hayakawa et al.: ResNet-50 batch 1440 at 55% of baseline speed (V100)",
+    "segments": "Chen et al. 2016: O(sqrt n) memory for one extra forward pass (~30%)",
 }
 
 
@@ -203,10 +204,12 @@ def main() -> None:
                  <= 1.05 * (1 + milp[0]["overhead_h100-pcie"]) + 1e-9)
       checks.append((model, budget, auto[0]["fits"], auto[0]["overhead_h100-pcie"] <= best + 1e-9,
                      bool(milp), milp_ok))
-  lines += ["", f"`auto` fits wherever a planner fits: {sum(c[2] for c in checks)}/{len(checks)} "
-            f"budgets; it is the fastest there on {sum(c[2] and c[3] for c in checks)}/{len(checks)}; "
-            f"within 1.05x of the MILP where the MILP solved: "
-            f"{sum(c[5] for c in checks if c[4])}/{sum(c[4] for c in checks)}.", ""]
+  auto_line = (f"`auto` fits wherever a planner fits: {sum(c[2] for c in checks)}/{len(checks)} "
+               f"budgets; it is the fastest there on {sum(c[2] and c[3] for c in checks)}/"
+               f"{len(checks)}; within 1.05x of the MILP where the MILP solved: "
+               f"{sum(c[5] for c in checks if c[4])}/{sum(c[4] for c in checks)}.")
+  lines += ["", auto_line, ""]
+  part2_start = len(lines)
   lines += [f"## 2. ResNet-50, 224x224, batch {p2['batch']}: {p2['ops']} ops, estimated peak "
             f"{p2['peak'] / 2 ** 30:.2f} GiB, budget {p2['budget'] / 2 ** 30:.2f} GiB (half); "
             f"analysis {p2['analyze_s']:.1f} s", "",
@@ -217,6 +220,7 @@ def main() -> None:
                  f"{r['remat']}/{r['offload']} | {r['overhead_h100-pcie']:+.1%} | "
                  f"{r['overhead_v100']:+.1%} | {r['overhead_k40']:+.1%} | {r['plan_s']:.1f} | "
                  f"{r['claim']} |")
+  resnet_lines = lines[part2_start:]
   lines += ["", "## 3. CPU, compiled (`jaxmem.fit`, budget = fraction of the compiled unplanned peak)", "",
             "| model | budget | planner | within | compiled MiB | CPU step vs jit | plan+compile s |",
             "|---|---|---|---|---|---|---|"]
@@ -238,6 +242,12 @@ def main() -> None:
   (out / "planners.json").write_text(json.dumps(dict(meta=meta, part1=p1, part2=p2, part3=p3), indent=1,
                                                 default=str))
   (out / "planners.md").write_text(f"# Planners\n\n`python bench/planners.py` — {meta}\n\n{table}\n")
+  excerpt = "\n".join([
+      f"`python bench/planners.py` ({meta['date']}; `bench/results/planners.md`, plot "
+      "`bench/results/planners.png`): every planner on the examples at every budget, simulated "
+      "on three GPU profiles, then compiled on this CPU.", "", auto_line + " Compiled budget "
+      f"violations on the CPU: {violations}.", "", *[x.replace("## 2. ", "") for x in resnet_lines]])
+  print(f"wrote {write_excerpt('planners', excerpt)}")
   try:
     import matplotlib
     matplotlib.use("Agg")

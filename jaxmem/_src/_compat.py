@@ -11,7 +11,9 @@ import functools
 import math
 import os
 import re
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -34,10 +36,12 @@ NameStack = _siu.NameStack
 AbstractValue = _core.AbstractValue
 #: The structure of a pytree.
 PyTreeDef = jax.tree_util.PyTreeDef
+#: A device mesh, concrete or abstract (``jax.sharding.Mesh`` / ``AbstractMesh``).
+Mesh = jax.sharding.Mesh | jax.sharding.AbstractMesh
 
 # Call-like primitives whose body is inlined into the flat program (``docs/design.md``,
 # "Program"). Maps primitive name -> params key of the body jaxpr.
-INLINE_BODIES: dict[str, str] = {
+INLINE_BODIES: Mapping[str, str] = MappingProxyType({
     "jit": "jaxpr",
     "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
@@ -45,10 +49,10 @@ INLINE_BODIES: dict[str, str] = {
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
+})
 
 
-def make_jaxpr(fun: Any, *args: Any) -> ClosedJaxpr:
+def make_jaxpr(fun: Callable[..., Any], *args: Any) -> ClosedJaxpr:
   return jax.make_jaxpr(fun)(*args)
 
 
@@ -71,7 +75,7 @@ def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
           for j in jex.core.jaxprs_in_params(eqn.params)]
 
 
-def bind_eqn(eqn: JaxprEqn, invals: list[Any], name_stack: Any = None) -> list[Any]:
+def bind_eqn(eqn: JaxprEqn, invals: list[Any], name_stack: NameStack | None = None) -> list[Any]:
   """Binds ``eqn``'s primitive on new inputs, keeping its source info.
 
   ``name_stack`` is the equation's full name stack when it was inlined from a
@@ -87,15 +91,15 @@ def bind_eqn(eqn: JaxprEqn, invals: list[Any], name_stack: Any = None) -> list[A
   return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def name_stack_of(eqn: JaxprEqn) -> Any:
+def name_stack_of(eqn: JaxprEqn) -> NameStack:
   return eqn.source_info.name_stack
 
 
-def join_name_stacks(outer: Any, inner: Any) -> Any:
+def join_name_stacks(outer: NameStack | None, inner: NameStack) -> NameStack:
   return outer + inner if outer is not None else inner
 
 
-def empty_name_stack() -> Any:
+def empty_name_stack() -> NameStack:
   return _siu.NameStack()
 
 
@@ -177,7 +181,7 @@ def _class_path(traceback: Any) -> str:
 
 
 @contextlib.contextmanager
-def eqn_context(eqn: JaxprEqn, name_stack: Any = None) -> Iterator[None]:
+def eqn_context(eqn: JaxprEqn, name_stack: NameStack | None = None) -> Iterator[None]:
   """Source info of ``eqn`` for ops bound in its place."""
   name_stack = _siu.current_name_stack() + (
       eqn.source_info.name_stack if name_stack is None else name_stack)
@@ -185,7 +189,7 @@ def eqn_context(eqn: JaxprEqn, name_stack: Any = None) -> Iterator[None]:
     yield
 
 
-def aval_nbytes(aval: Any) -> int:
+def aval_nbytes(aval: AbstractValue | None) -> int:
   """Bytes of one value of abstract value ``aval`` (per device, unsharded)."""
   shape = getattr(aval, "shape", None)
   dtype = getattr(aval, "dtype", None)
@@ -200,7 +204,7 @@ def aval_nbytes(aval: Any) -> int:
   return size * np.dtype(dtype).itemsize
 
 
-def is_plain_array_aval(aval: Any) -> bool:
+def is_plain_array_aval(aval: AbstractValue) -> bool:
   """True for dense arrays of a numpy dtype (what the native store can copy)."""
   dtype = getattr(aval, "dtype", None)
   if dtype is None or not hasattr(aval, "shape"):
@@ -213,7 +217,7 @@ def is_plain_array_aval(aval: Any) -> bool:
 # -- control-flow parameters (jaxmem/_src/blocks.py) -------------------------
 
 
-def _open(j: Any) -> Jaxpr:
+def _open(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
   return j.jaxpr if isinstance(j, ClosedJaxpr) else j
 
 
@@ -240,7 +244,7 @@ def while_params(eqn: JaxprEqn) -> tuple[Jaxpr, Jaxpr, int, int]:
           int(p["body_nconsts"]))
 
 
-def atom_nbytes(atom: Any) -> int:
+def atom_nbytes(atom: Atom) -> int:
   """Bytes of a variable or literal operand (see :func:`aval_nbytes`)."""
   return aval_nbytes(getattr(atom, "aval", None))
 
@@ -248,7 +252,7 @@ def atom_nbytes(atom: Any) -> int:
 # -- shardings (jaxmem/_src/sharding.py) ------------------------------------
 
 
-def sharding_of(x: Any) -> Any | None:
+def sharding_of(x: object) -> jax.sharding.Sharding | None:
   """The ``jax.sharding.Sharding`` of a concrete argument, else None.
 
   ``jax.Array`` and ``jax.ShapeDtypeStruct(..., sharding=...)`` carry one;
@@ -258,7 +262,7 @@ def sharding_of(x: Any) -> Any | None:
   return s if isinstance(s, jax.sharding.Sharding) else None
 
 
-def sharding_num_devices(sharding: Any) -> int:
+def sharding_num_devices(sharding: jax.sharding.Sharding) -> int:
   """How many devices ``sharding`` spreads over (1 for a single device)."""
   mesh = getattr(sharding, "mesh", None)
   if mesh is not None:         # NamedSharding, also over an abstract mesh
@@ -269,7 +273,8 @@ def sharding_num_devices(sharding: Any) -> int:
     return 1
 
 
-def sharding_shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+def sharding_shard_shape(sharding: jax.sharding.Sharding | jax.Device | None,
+                         shape: tuple[int, ...]) -> tuple[int, ...] | None:
   """Shape of one device's shard of a ``shape`` array under ``sharding`` (None if unknown)."""
   if not isinstance(sharding, jax.sharding.Sharding):
     return None            # a Device or None (``device_put`` to one device, or "keep")
@@ -279,7 +284,7 @@ def sharding_shard_shape(sharding: Any, shape: tuple[int, ...]) -> tuple[int, ..
     return None
 
 
-def spec_shard_counts(spec: Any, mesh: Any, ndim: int,
+def spec_shard_counts(spec: jax.sharding.PartitionSpec, mesh: Mesh, ndim: int,
                       only_axes: frozenset[str] | None = None) -> tuple[int, ...]:
   """Per-dimension shard counts of a ``PartitionSpec`` over ``mesh``.
 
@@ -298,18 +303,18 @@ def spec_shard_counts(spec: Any, mesh: Any, ndim: int,
 
 
 @functools.lru_cache(maxsize=256)
-def _explicit_axes(mesh: Any) -> frozenset[str]:
+def _explicit_axes(mesh: Mesh) -> frozenset[str]:
   types = getattr(mesh, "axis_types", ())
   return frozenset(n for n, t in zip(mesh.axis_names, types) if t == jax.sharding.AxisType.Explicit)
 
 
-def aval_mesh_size(aval: Any) -> int:
+def aval_mesh_size(aval: AbstractValue) -> int:
   """Devices of the mesh an aval is typed over (0 or 1: none recorded)."""
   mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
   return 0 if mesh is None or mesh.empty else int(mesh.size)
 
 
-def aval_explicit_counts(aval: Any) -> tuple[int, ...] | None:
+def aval_explicit_counts(aval: AbstractValue) -> tuple[int, ...] | None:
   """Shard counts JAX records in an aval's type, under explicit sharding.
 
   Only mesh axes of type ``Explicit`` are part of the type (``f32[16@data]``);
@@ -370,7 +375,7 @@ def shard_map_out_counts(eqn: JaxprEqn) -> list[tuple[int, ...]] | None:
           for spec, v in zip(specs, eqn.outvars)]
 
 
-def mesh_size(mesh: Any) -> int:
+def mesh_size(mesh: Mesh) -> int:
   return int(getattr(mesh, "size", 1) or 1)
 
 
@@ -401,7 +406,7 @@ def loop_carry_sources(eqn: JaxprEqn) -> list[int] | None:
   return None
 
 
-def is_device(x: Any) -> bool:
+def is_device(x: object) -> bool:
   """True for a ``jax.Device`` (a ``device_put`` target that is one whole device)."""
   return isinstance(x, jax.Device)
 

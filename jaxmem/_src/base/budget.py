@@ -6,13 +6,15 @@ import dataclasses
 import math
 import numbers
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
-_UNITS = {
+_UNITS: Mapping[str, int] = MappingProxyType({
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
     "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
+})
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 Budget = int | float | str

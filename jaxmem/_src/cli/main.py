@@ -1,4 +1,4 @@
-"""``python -m jaxmem``: ``demo``, ``report MODULE:FACTORY``, ``max-batch MODULE:FACTORY`` and ``dsa IN.csv``."""
+"""``python -m jaxmem``: ``demo``, ``report MODULE:FACTORY``, ``max-batch MODULE:FACTORY``, ``dsa IN.csv``."""
 
 from __future__ import annotations
 

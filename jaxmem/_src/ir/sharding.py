@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from jaxmem._src import _compat
@@ -317,12 +318,12 @@ def _checkpoint(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts
   return propagate_jaxpr(body, ins, n)
 
 
-_BY_SHAPE: dict[Shape, Rule] = {
+_BY_SHAPE: Mapping[Shape, Rule] = MappingProxyType({
     Shape.ELEMENTWISE: _elementwise,
     Shape.REDUCTION: _reduction,
     Shape.CUMULATIVE: _along_axis,
     Shape.SCATTER: _scatter,
-}
+})
 
 
 def rule_for(primitive: str) -> Rule | None:

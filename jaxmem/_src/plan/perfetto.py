@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from jaxmem._src.base.errors import format_bytes
@@ -28,9 +29,10 @@ PID = 1
 TID_COMPUTE = 1
 TID_D2H = 2
 TID_H2D = 3
-THREAD_NAMES: Mapping[int, str] = {TID_COMPUTE: "compute", TID_D2H: "D2H copies",
-                                   TID_H2D: "H2D copies"}
-_STREAM_TID = {"compute": TID_COMPUTE, "d2h": TID_D2H, "h2d": TID_H2D}
+THREAD_NAMES: Mapping[int, str] = MappingProxyType({TID_COMPUTE: "compute", TID_D2H: "D2H copies",
+                                                   TID_H2D: "H2D copies"})
+_STREAM_TID: Mapping[str, int] = MappingProxyType({"compute": TID_COMPUTE, "d2h": TID_D2H,
+                                                   "h2d": TID_H2D})
 SYNC_NOTE = ("copies are synchronous: the compute thread waits for each copy at its schedule "
              "position (a stall slice), nothing overlaps")
 ASYNC_NOTE = ("copies are asynchronous: each runs on its copy thread from its start step; "

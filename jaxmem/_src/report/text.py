@@ -69,7 +69,8 @@ def program_report(program: AnalyzedProgram, top: int = 15) -> str:
     lines.append(f"  {mod[:40]:40} {format_bytes(b):>12}")
   hidden = prof.peak_bytes - sum(prof.holder_bytes) - sum(b for _, b, _, _ in broadcasts)
   if hidden > prof.peak_bytes // 1000:
-    lines.append(f"  {'XLA temporaries':16} {format_bytes(hidden):>12}  {hidden / max(1, prof.peak_bytes):6.1%}"
+    share = hidden / max(1, prof.peak_bytes)
+    lines.append(f"  {'XLA temporaries':16} {format_bytes(hidden):>12}  {share:6.1%}"
                  "  (layout copies, expansions, loop bodies: not jaxpr values)")
   rows = [(nbytes, vid, False) for vid, nbytes in zip(prof.holders, prof.holder_bytes)]
   rows += [(nbytes, vid, (s, e)) for vid, nbytes, s, e in broadcasts]
