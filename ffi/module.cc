@@ -4,7 +4,7 @@
 // (handlers/handlers.h) as `registrations()` (CPU) and `cuda_registrations()`
 // (CUDA builds; empty otherwise), and adds the bindings of each concept
 // (bindings/bindings.h). Python registers the handlers as FFI targets
-// `jaxmem_<name>` (jaxmem/_src/native.py).
+// `jaxmem_<name>` (jaxmem/_src/native/extension.py).
 
 #include <type_traits>
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 
 # CI runs a fixed set of examples (no flaky discoveries blocking a merge); set
-# JAXMEM_EXAMPLES=200 to search wider (tests/test_rewrite_properties.py).
+# JAXMEM_EXAMPLES=200 to search wider (tests/lower/test_rewrite_properties.py).
 settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
   settings.load_profile("ci")

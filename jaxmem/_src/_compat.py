@@ -214,7 +214,7 @@ def is_plain_array_aval(aval: AbstractValue) -> bool:
   return isinstance(aval, _core.ShapedArray)
 
 
-# -- control-flow parameters (jaxmem/_src/blocks.py) -------------------------
+# -- control-flow parameters (jaxmem/_src/ir/blocks.py) -------------------------
 
 
 def _open(j: Jaxpr | ClosedJaxpr) -> Jaxpr:
@@ -249,7 +249,7 @@ def atom_nbytes(atom: Atom) -> int:
   return aval_nbytes(getattr(atom, "aval", None))
 
 
-# -- shardings (jaxmem/_src/sharding.py) ------------------------------------
+# -- shardings (jaxmem/_src/ir/sharding.py) ------------------------------------
 
 
 def sharding_of(x: object) -> jax.sharding.Sharding | None:

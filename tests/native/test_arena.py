@@ -1,4 +1,4 @@
-"""Tests of the native host arenas (ffi/arena/, jaxmem/_src/arena.py)."""
+"""Tests of the native host arenas (ffi/arena/, jaxmem/_src/native/arena.py)."""
 
 from __future__ import annotations
 

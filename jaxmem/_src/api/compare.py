@@ -64,11 +64,8 @@ def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True) -> Compar
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def f(w, x):
-    ...   for _ in range(4):
-    ...     x = jnp.tanh(x @ w)
-    ...   return x.sum()
-    >>> c = jaxmem.compare(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)), verbose=False)
+    >>> grad = jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) @ w))
+    >>> c = jaxmem.compare(grad, jnp.ones((128, 128)), jnp.ones((1024, 128)), verbose=False)
     >>> abs(c.relative_error) < 0.15
     True
   """

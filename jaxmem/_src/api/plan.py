@@ -30,11 +30,10 @@ def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def f(w, x):
-    ...   for _ in range(4):
-    ...     x = jnp.tanh(x @ w)
-    ...   return x.sum()
-    >>> p = jaxmem.plan(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)), budget=0.8,
+    >>> def loss(w, x):
+    ...   h = jnp.sin(x @ w)
+    ...   return jnp.sum((h * h) @ w)
+    >>> p = jaxmem.plan(jax.grad(loss), jnp.ones((64, 64)), jnp.ones((1024, 64)), budget=0.9,
     ...                 planner="greedy", device="h100-pcie")
     >>> p.estimated_peak_bytes <= p.target_bytes
     True

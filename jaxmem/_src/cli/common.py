@@ -166,14 +166,19 @@ def load_factory(target: str, *, show_traceback: bool = False) -> tuple[Callable
   return obj, f"{module}:{attr}"
 
 
+def signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+  """``fn``'s signature, or None for a callable without one (some builtins)."""
+  try:
+    return inspect.signature(fn)
+  except (TypeError, ValueError):
+    return None
+
+
 def call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any], *,
                  show_traceback: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """Calls the factory and checks it returned ``(step, args)``."""
   call = f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-  try:
-    sig = inspect.signature(factory)
-  except (TypeError, ValueError):
-    sig = None
+  sig = signature(factory)
   if sig is not None:
     try:
       sig.bind(**kwargs)
@@ -214,4 +219,5 @@ def with_user_errors(command: str, run: Callable[[argparse.Namespace], int],
 
 
 __all__ = ["EXIT_OUTPUT_FAILED", "EXIT_USER_ERROR", "USAGE_HINT", "UserError", "budget_arg",
-           "call_factory", "load_factory", "parse_kw", "parse_value", "with_user_errors"]
+           "call_factory", "load_factory", "parse_kw", "parse_value", "signature",
+           "with_user_errors"]

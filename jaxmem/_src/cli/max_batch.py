@@ -11,7 +11,7 @@ from typing import Any
 
 from jaxmem._src.base.progress import stage
 from jaxmem._src.cli.common import (UserError, budget_arg, call_factory, load_factory, parse_kw,
-                                    with_user_errors)
+                                    signature, with_user_errors)
 
 EXIT_DOES_NOT_FIT = 1   # max-batch: even --lo does not fit the budget
 
@@ -79,10 +79,7 @@ def run_max_batch(args: argparse.Namespace) -> int:
   with stage(f"importing {args.target}", quiet=args.quiet):
     factory, name = load_factory(args.target, show_traceback=args.traceback)
   kwargs = dict(args.kw)
-  try:
-    sig = inspect.signature(factory)
-  except (TypeError, ValueError):
-    sig = None
+  sig = signature(factory)
   if sig is not None:
     try:
       sig.bind(args.lo, **kwargs)

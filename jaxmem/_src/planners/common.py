@@ -162,10 +162,6 @@ class Pricer:
   def op_seconds(self, k: int) -> float:
     return float(self._op_s[k])
 
-  def compute_seconds(self, start: int, end: int) -> float:
-    """Time the compute stream spends on ops ``start..end-1``."""
-    return sum(self.op_seconds(k) for k in range(max(0, start), min(end, self.program.num_ops)))
-
   def remat_seconds(self, chain: Sequence[int]) -> float:
     return sum(self.op_seconds(k) for k in chain)
 
