@@ -43,10 +43,6 @@ class WithCopies:
   """
   fn: PlainPlanner
 
-  @property
-  def __name__(self) -> str:
-    return getattr(self.fn, "__name__", "custom")
-
   def __call__(self, program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
                copies: CopyMode = "sync", window: Window = None) -> Plan:
     plan = self.fn(program, budget_bytes, device)
