@@ -41,6 +41,8 @@ class AnalyzedProgram(Program):
     costs: the device-independent part of every op's roofline time.
     dead: per op, nothing reads its results and it has no effects (XLA
       removes it).
+    fused: per op, XLA fuses all its results into their consumers (they are
+      virtual in the profile): it costs its arithmetic only.
     rematerializable: per op, a recomputation may re-execute it: no effects,
       no body of its own, and a primitive the registry allows
       (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.rematerializable`).
@@ -53,6 +55,7 @@ class AnalyzedProgram(Program):
   movable: tuple[bool, ...]
   costs: OpCosts
   dead: tuple[bool, ...]
+  fused: tuple[bool, ...]
   rematerializable: tuple[bool, ...]
 
   @property
@@ -67,12 +70,8 @@ class AnalyzedProgram(Program):
     consumers cost their arithmetic only.
     """
     dev = device_profile(device)
-    virtual = self.profile.virtual
-    out = self.costs.seconds(dev, fused=False)
-    if virtual is not None:
-      fused = np.array([bool(op.outputs) and all(virtual[o] for o in op.outputs)
-                        for op in self.ops], dtype=bool)
-      out = np.where(fused, self.costs.seconds(dev, fused=True), out)
+    out = np.where(np.asarray(self.fused, dtype=bool), self.costs.seconds(dev, fused=True),
+                   self.costs.seconds(dev, fused=False))
     out[np.asarray(self.dead, dtype=bool)] = 0.0
     return out
 
@@ -95,12 +94,15 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                for op in program.ops)
   remat = tuple(primitives.facts(op.primitive).rematerializable and not op.eqn.effects
                 and not _compat.sub_jaxprs(op.eqn) for op in program.ops)
+  virtual = profile.virtual
+  fused = tuple(virtual is not None and bool(op.outputs) and all(virtual[o] for o in op.outputs)
+                for op in program.ops)
   fields = {f.name: getattr(program, f.name) for f in dataclasses.fields(Program)}
   fields["vars"] = refine_roles(program, profile)
   return AnalyzedProgram(**fields, profile=profile, memory=memory, planned_memory=planned,
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([op.eqn for op in program.ops]), dead=dead,
-                         rematerializable=remat)
+                         fused=fused, rematerializable=remat)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
