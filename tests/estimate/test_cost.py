@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxmem
+from jaxmem._src import _compat
 from jaxmem._src.estimate import cost, devices
 
 
@@ -40,7 +41,7 @@ def test_vectorized_op_costs_equal_the_per_equation_roofline():
     return jax.lax.scan(lambda c, r: (c + r, None), h[0], h)[0].sum() + (h @ w.T).sum()
   args = (jnp.ones((64, 64), jnp.bfloat16), jnp.ones((128, 64), jnp.bfloat16))
   eqns = jax.make_jaxpr(jax.grad(step))(*args).eqns
-  costs = cost.op_costs(eqns)
+  costs = cost.op_costs([(e, bool(_compat.sub_jaxprs(e))) for e in eqns])
   assert costs.bodies   # the scan is priced through its body
   for name in ("h100-pcie", "k40", "cpu"):
     prof = jaxmem.device_profile(name)

@@ -14,7 +14,6 @@ import dataclasses
 
 import numpy as np
 
-from jaxmem._src import _compat
 from jaxmem._src.estimate import xla_model
 from jaxmem._src.estimate.cost import OpCosts, op_costs
 from jaxmem._src.estimate.devices import DeviceLike, device_profile
@@ -82,8 +81,7 @@ class AnalyzedProgram(Program):
 
 def analyze_program(program: Program) -> AnalyzedProgram:
   """The estimate of ``program`` (see :class:`AnalyzedProgram`)."""
-  memory = xla_model.op_memory_model(program, planned=False)
-  planned = xla_model.op_memory_model(program, planned=True)
+  memory, planned = xla_model.op_memory_models(program)
   keys = xla_model.cse_keys(program)
   hoisted = xla_model.hoisted_constants(program)
   movable = xla_model.movable_ops(program)
@@ -93,7 +91,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
                for op in program.ops)
   remat = tuple(primitives.facts(op.primitive).rematerializable and not op.eqn.effects
-                and not _compat.sub_jaxprs(op.eqn) for op in program.ops)
+                and not op.has_body for op in program.ops)
   virtual = profile.virtual
   fused = tuple(virtual is not None and bool(op.outputs) and all(virtual[o] for o in op.outputs)
                 for op in program.ops)
@@ -101,7 +99,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   fields["vars"] = refine_roles(program, profile)
   return AnalyzedProgram(**fields, profile=profile, memory=memory, planned_memory=planned,
                          cse_keys=keys, hoisted=hoisted, movable=movable,
-                         costs=op_costs([op.eqn for op in program.ops]), dead=dead,
+                         costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
                          fused=fused, rematerializable=remat)
 
 

@@ -140,14 +140,17 @@ class OpCosts:
     return out
 
 
-def op_costs(eqns: Sequence[_compat.JaxprEqn]) -> OpCosts:
-  """The :class:`OpCosts` of a program's equations, in program order."""
+def op_costs(eqns: Sequence[tuple[_compat.JaxprEqn, bool]]) -> OpCosts:
+  """The :class:`OpCosts` of a program's equations ``(eqn, has a body)``, in program order."""
   flops, nbytes, matrix, half, bodies = [], [], [], [], []
-  for k, eqn in enumerate(eqns):
+  for k, (eqn, has_body) in enumerate(eqns):
     facts = primitives.eqn_facts(eqn)
-    if facts.body is not Body.COMBINER and _compat.sub_jaxprs(eqn):
+    if has_body and facts.body is not Body.COMBINER:
       bodies.append((k, eqn))
-    flops.append(eqn_flops(eqn))
+      flops.append(eqn_flops(eqn))
+    else:   # no body to walk: the primitive's own rule
+      flops.append(facts.flops(eqn) if facts.flops is not None
+                   else primitives.out_element_flops(eqn))
     nbytes.append(eqn_bytes(eqn))
     matrix.append(facts.matrix_unit)
     half.append(facts.matrix_unit

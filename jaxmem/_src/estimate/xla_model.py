@@ -232,9 +232,21 @@ def op_memory_model(program: Program, *, planned: bool) -> tuple[OpMemory, ...]:
   (:mod:`jaxmem._src.ir.substitutions`); otherwise as plain ``jax.jit``
   compiles it. On a sharded program the hidden bytes are this device's share.
   """
-  out = []
+  return _op_memory(program, planned, shared_broadcasts(program),
+                    hoisted_scalar_broadcasts(program))
+
+
+def op_memory_models(program: Program) -> tuple[tuple[OpMemory, ...], tuple[OpMemory, ...]]:
+  """``(unplanned, planned)`` :func:`op_memory_model` s, sharing the walks they have in common."""
   shared = shared_broadcasts(program)
   scalar_hoists = hoisted_scalar_broadcasts(program)
+  return (_op_memory(program, False, shared, scalar_hoists),
+          _op_memory(program, True, shared, scalar_hoists))
+
+
+def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, int], ...], ...],
+               scalar_hoists: tuple[int, ...]) -> tuple[OpMemory, ...]:
+  out = []
   for op, sh, sc in zip(program.ops, shared, scalar_hoists):
     subst = planned and substitutions.applies(op.eqn)
     kind = Fusion.MATERIALIZED if subst else op_fusion_kind(program, op)
@@ -263,8 +275,7 @@ def cse_keys(program: Program) -> tuple[CseKey | None, ...]:
   keys: list[CseKey | None] = []
   for op in program.ops:
     eqn = op.eqn
-    if (eqn.effects or not op.outputs or not primitives.facts(op.primitive).cse
-        or _compat.sub_jaxprs(eqn)):
+    if eqn.effects or not op.outputs or not primitives.facts(op.primitive).cse or op.has_body:
       keys.append(None)
       continue
     try:
@@ -311,4 +322,4 @@ def movable_ops(program: Program) -> tuple[bool, ...]:
 
 __all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes", "hoisted_constants",
            "hoisted_scalar_broadcasts", "movable_ops", "op_fusion_kind", "op_memory_model",
-           "shared_broadcasts", "stored_broadcast_spans"]
+           "op_memory_models", "shared_broadcasts", "stored_broadcast_spans"]

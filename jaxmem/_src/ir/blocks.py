@@ -328,13 +328,14 @@ class _OpLike(Protocol):
   eqn: _compat.JaxprEqn
   source: str
   name_stack: _compat.NameStack
+  has_body: bool
 
 
 def program_blocks(ops: Sequence[_OpLike]) -> tuple[Block, ...]:
   """The blocks among a program's ops: those with a body, in program order."""
   memo: _Memo = {}
   return tuple(make_block(op.eqn, op.index, op.source, op.name_stack, memo=memo)
-               for op in ops if is_block(op.eqn))
+               for op in ops if op.has_body and is_block(op.eqn))
 
 
 __all__ = ["Block", "inner_working_bytes", "is_block", "live_peak", "make_block",

@@ -53,6 +53,9 @@ class Op:
       and outputs (0 for plain primitives), per device.
     module: module path: flax linen's name stack without transformations,
       else the ``__call__`` classes on the stack (flax nnx, equinox).
+    has_body: the equation holds jaxprs in its params (a loop body, ``cond``
+      branches, a remat body, a scalar combiner): looked up once here, read by
+      every stage.
   """
   index: int
   eqn: _compat.JaxprEqn
@@ -63,6 +66,7 @@ class Op:
   source: str
   transient_bytes: int = 0
   module: str = ""
+  has_body: bool = False
 
   @property
   def primitive(self) -> str:

@@ -196,8 +196,10 @@ def _flatten(closed: _compat.ClosedJaxpr, input_roles: list[tuple[Role, str]],
         phase = (Phase.BACKWARD if "transpose(" in ns_str else
                  Phase.FORWARD if "jvp(" in ns_str else Phase.OTHER)
         outs = [new_var(v.aval, index, (None, module, source)) for v in eqn.outvars]
-        transient = blocks.inner_working_bytes(eqn) if _compat.sub_jaxprs(eqn) else 0
-        ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient, module))
+        has_body = bool(_compat.sub_jaxprs(eqn))
+        transient = blocks.inner_working_bytes(eqn) if has_body else 0
+        ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient, module,
+                      has_body))
       for v, a in zip(eqn.outvars, outs):
         if not isinstance(v, _compat.DropVar):
           env[v] = a
