@@ -27,7 +27,7 @@ from jaxmem._src.ir.primitives import Body
 
 # Inner peaks of equations already walked, by ``id(eqn)``; the equation is kept
 # in the value so that its id cannot be reused while the memo lives.
-_Memo = dict[int, tuple[_compat.JaxprEqn, int]]
+Memo = dict[int, tuple[_compat.JaxprEqn, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ class Block:
 # -- liveness walks over a sub-jaxpr -------------------------------------------
 
 
-def inner_working_bytes(eqn: _compat.JaxprEqn, memo: _Memo | None = None) -> int:
+def inner_working_bytes(eqn: _compat.JaxprEqn, memo: Memo | None = None) -> int:
   """Working set of an opaque block beyond its own inputs and outputs.
 
   The most over the equation's sub-jaxprs (they never run at the same time:
@@ -178,7 +178,7 @@ def _last_uses(steps: list[_Step]) -> dict[_Key, int]:
   return last
 
 
-def peak_minus_io(jaxpr: _compat.Jaxpr, memo: _Memo | None = None) -> int:
+def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:
   """Peak bytes made inside one evaluation of ``jaxpr`` beyond its inputs.
 
   The jaxpr's own inputs are not counted (the enclosing op holds them); a
@@ -205,7 +205,7 @@ def peak_minus_io(jaxpr: _compat.Jaxpr, memo: _Memo | None = None) -> int:
   return max(0, peak)
 
 
-def live_peak(jaxpr: _compat.Jaxpr, memo: _Memo | None = None) -> int:
+def live_peak(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:
   """Peak live bytes during one evaluation of ``jaxpr``, inputs and outputs included.
 
   Inputs are held throughout (the loop machinery owns the carry and the
@@ -252,7 +252,7 @@ def _nbytes(atoms: Sequence[_compat.Atom]) -> int:
 
 
 def make_block(eqn: _compat.JaxprEqn, op_index: int, source: str, name_stack: _compat.NameStack,
-               *, depth: int = 0, region: str = "", memo: _Memo | None = None) -> Block:
+               *, depth: int = 0, region: str = "", memo: Memo | None = None) -> Block:
   """The :class:`Block` of one equation with sub-jaxprs.
 
   Args:
@@ -305,7 +305,7 @@ def make_block(eqn: _compat.JaxprEqn, op_index: int, source: str, name_stack: _c
 
 
 def _blocks_in(jaxpr: _compat.Jaxpr, region: str, op_index: int, outer_source: str,
-               outer_ns: _compat.NameStack, depth: int, memo: _Memo) -> Iterator[Block]:
+               outer_ns: _compat.NameStack, depth: int, memo: Memo) -> Iterator[Block]:
   """Blocks among the equations of a body, looking through inlinable calls."""
   for e in jaxpr.eqns:
     ns = _compat.join_name_stacks(outer_ns, _compat.name_stack_of(e))
@@ -331,9 +331,13 @@ class _OpLike(Protocol):
   has_body: bool
 
 
-def program_blocks(ops: Sequence[_OpLike]) -> tuple[Block, ...]:
-  """The blocks among a program's ops: those with a body, in program order."""
-  memo: _Memo = {}
+def program_blocks(ops: Sequence[_OpLike], memo: Memo | None = None) -> tuple[Block, ...]:
+  """The blocks among a program's ops: those with a body, in program order.
+
+  ``memo``: the inner peaks the trace computed already for ``Op.transient_bytes``
+  (:func:`inner_working_bytes` with the same memo), so no body is walked twice.
+  """
+  memo = {} if memo is None else memo
   return tuple(make_block(op.eqn, op.index, op.source, op.name_stack, memo=memo)
                for op in ops if op.has_body and is_block(op.eqn))
 

@@ -128,8 +128,12 @@ def trace(fun: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Seque
   input_roles = classify_inputs(args, names)
   leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
   donated_args = set(donate_argnums)
-  flat = _flatten(closed_jaxpr, input_roles, [i in donated_args for i in leaf_arg])
-  return _finish(flat, closed_jaxpr, in_tree, out_trees[-1] if out_trees else None, flat_args)
+  # Inner peaks of the blocks, walked once for both the ops' transient bytes
+  # and the blocks' reports.
+  memo: blocks.Memo = {}
+  flat = _flatten(closed_jaxpr, input_roles, [i in donated_args for i in leaf_arg], memo)
+  return _finish(flat, closed_jaxpr, in_tree, out_trees[-1] if out_trees else None, flat_args,
+                 memo)
 
 
 @dataclasses.dataclass
@@ -146,7 +150,7 @@ class _Flat:
 
 
 def _flatten(closed: _compat.ClosedJaxpr, input_roles: list[tuple[Role, str]],
-             donated: list[bool]) -> _Flat:
+             donated: list[bool], memo: blocks.Memo) -> _Flat:
   """The equations of ``closed`` in one program order, nested calls inlined."""
   ops: list[Op] = []
   avals: list[_compat.AbstractValue] = []
@@ -197,7 +201,7 @@ def _flatten(closed: _compat.ClosedJaxpr, input_roles: list[tuple[Role, str]],
                  Phase.FORWARD if "jvp(" in ns_str else Phase.OTHER)
         outs = [new_var(v.aval, index, (None, module, source)) for v in eqn.outvars]
         has_body = bool(_compat.sub_jaxprs(eqn))
-        transient = blocks.inner_working_bytes(eqn) if has_body else 0
+        transient = blocks.inner_working_bytes(eqn, memo) if has_body else 0
         ops.append(Op(index, eqn, tuple(ins), tuple(outs), phase, ns, source, transient, module,
                       has_body))
       for v, a in zip(eqn.outvars, outs):
@@ -211,7 +215,8 @@ def _flatten(closed: _compat.ClosedJaxpr, input_roles: list[tuple[Role, str]],
 
 
 def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef,
-            out_tree: _compat.PyTreeDef | None, arg_leaves: Sequence[Any]) -> Program:
+            out_tree: _compat.PyTreeDef | None, arg_leaves: Sequence[Any],
+            memo: blocks.Memo) -> Program:
   """Uses, roles, bytes per device and constant-like values of the flattened program."""
   avals, ops = flat.avals, flat.ops
   layout = sharding.device_layout(avals, ops, flat.invars, flat.outvars, arg_leaves)
@@ -256,7 +261,7 @@ def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef
   return Program(
       ops=ops, vars=tuple(vars_), invars=flat.invars, outvars=flat.outvars,
       consts=MappingProxyType(dict(flat.consts)), donated=flat.donated,
-      constant_like=tuple(const_like), blocks=blocks.program_blocks(ops),
+      constant_like=tuple(const_like), blocks=blocks.program_blocks(ops, memo),
       backend=jax.default_backend(), num_devices=layout.num_devices if layout is not None else 1,
       device_layout=layout, device_fraction=fractions, in_tree=in_tree, out_tree=out_tree,
       closed_jaxpr=closed)
