@@ -28,7 +28,3 @@ def write_excerpt(name: str, text: str, results: pathlib.Path = RESULTS) -> path
   path = EXCERPTS / f"{name}.md"
   path.write_text(text.strip() + "\n", encoding="utf-8")
   return path
-
-
-def mib(n: float) -> str:
-  return f"{n / 2**20:.1f} MiB"

@@ -22,12 +22,17 @@ from jaxmem._src.ir import primitives
 from jaxmem._src.ir.primitives import Body, Fusion
 
 
-def eqn_flops(eqn: _compat.JaxprEqn) -> float:
-  """FLOPs of one equation (nested bodies: summed once, loops: times trip count)."""
+def eqn_flops(eqn: _compat.JaxprEqn, *, has_body: bool | None = None) -> float:
+  """FLOPs of one equation (nested bodies: summed once, loops: times trip count).
+
+  ``has_body``: whether the equation holds jaxprs, when the caller knows it
+  (:attr:`~jaxmem._src.ir.program.Op.has_body`); None looks in its params.
+  """
   facts = primitives.eqn_facts(eqn)
   if facts.flops is not None:
     return facts.flops(eqn)
-  subs = _compat.sub_jaxprs(eqn) if facts.body is not Body.COMBINER else []
+  subs = (_compat.sub_jaxprs(eqn) if facts.body is not Body.COMBINER and has_body is not False
+          else [])
   if subs:
     inner = sum(eqn_flops(e) for j in subs for e in j.eqns)
     trips = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
@@ -147,10 +152,7 @@ def op_costs(eqns: Sequence[tuple[_compat.JaxprEqn, bool]]) -> OpCosts:
     facts = primitives.eqn_facts(eqn)
     if has_body and facts.body is not Body.COMBINER:
       bodies.append((k, eqn))
-      flops.append(eqn_flops(eqn))
-    else:   # no body to walk: the primitive's own rule
-      flops.append(facts.flops(eqn) if facts.flops is not None
-                   else primitives.out_element_flops(eqn))
+    flops.append(eqn_flops(eqn, has_body=has_body))
     nbytes.append(eqn_bytes(eqn))
     matrix.append(facts.matrix_unit)
     half.append(facts.matrix_unit

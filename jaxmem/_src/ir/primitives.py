@@ -239,10 +239,6 @@ register(["rng_bit_generator", "rng_uniform", "random_bits", "iota_2x32_shape", 
           "reduce_scatter", "axis_index"], cse=False)
 
 
-def _out_elements(eqn: _compat.JaxprEqn) -> float:
-  return float(sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars))
-
-
 @register_flops("dot_general")
 def _dot_general_flops(eqn: _compat.JaxprEqn) -> float:
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
@@ -261,7 +257,7 @@ def _conv_flops(eqn: _compat.JaxprEqn) -> float:
 
 def out_element_flops(eqn: _compat.JaxprEqn) -> float:
   """The default FLOPs of an equation: one per result element."""
-  return _out_elements(eqn)
+  return float(sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars))
 
 
 __all__ = ["Body", "DEFAULT", "FUSIBLE_CONSUMERS", "Fusion", "PrimitiveFacts", "Shape", "eqn_facts",

@@ -74,6 +74,7 @@ class Op:
 
   @property
   def module_path(self) -> str:
+    """The same as :attr:`module` (the name the public ``Op`` had for it before)."""
     return self.module
 
   def input_ids(self) -> list[int]:

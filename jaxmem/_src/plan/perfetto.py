@@ -20,7 +20,6 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from jaxmem._src.base.errors import format_bytes
-from jaxmem._src.estimate.cost import eqn_flops
 from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.plan.schedule import Schedule, StepKind
 from jaxmem._src.plan.simulate import Simulation, simulate
@@ -91,7 +90,7 @@ def simulation_trace(sim: Simulation, path: str | os.PathLike[str] | None = None
       op = program.ops[st.op]
       args = {"source": op.source, "module": op.module_path, "op index": st.op,
               "recompute": ev.kind == "recompute", "phase": op.phase.value,
-              "flops": eqn_flops(op.eqn), "schedule step": ev.step}
+              "flops": float(program.costs.flops[st.op]), "schedule step": ev.step}
       if ev.kind == "recompute":
         args["recomputes for"] = var_args(ev.var)
     elif ev.kind == "copy":

@@ -65,9 +65,6 @@ class StepKind(str, enum.Enum):
 #: Steps whose first output is their first input's buffer (an XLA alias): the
 #: input is live through the step, the output from the next one.
 ALIASING_KINDS = frozenset({StepKind.FETCH_DONE})
-#: Steps that move bytes between device and host.
-COPY_KINDS = frozenset({StepKind.OFFLOAD, StepKind.FETCH, StepKind.OFFLOAD_START,
-                        StepKind.OFFLOAD_DONE, StepKind.FETCH_START, StepKind.FETCH_DONE})
 
 
 @dataclasses.dataclass(frozen=True)

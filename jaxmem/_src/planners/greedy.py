@@ -24,27 +24,28 @@ computed from), see :func:`~jaxmem._src.planners.common.pins` and
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from jaxmem._src import _compat
 from jaxmem._src.estimate.analysis import AnalyzedProgram
-from jaxmem._src.estimate.cost import eqn_flops
 from jaxmem._src.estimate.devices import DeviceLike, DeviceProfile, device_profile
 from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import CopyMode, Window, build_schedule
 from jaxmem._src.planners.chains import ChainState, find_chain
-from jaxmem._src.planners.common import CANDIDATE_ROLES, pins
+from jaxmem._src.planners.common import candidate_vars, pins
 
 def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: int,
-            dev: DeviceProfile, op_flops: Callable[[int], float], max_chain: int,
+            dev: DeviceProfile, max_chain: int,
             allow_remat: bool, allow_offload: bool) -> Decision | None:
   """Remat or offload of ``vid`` over the gap ``(a, b)``, whichever is cheaper on ``dev``."""
   v = program.vars[vid]
   offload_ok = allow_offload and _compat.is_plain_array_aval(v.aval)
   offload_cost = 2.0 * v.nbytes / dev.host_bytes_per_s
   chain = find_chain(state, vid, b, max_chain) if allow_remat else None
-  remat_cost = sum(op_flops(k) for k in chain) / dev.flops_per_s if chain else float("inf")
+  flops = program.costs.flops
+  remat_cost = (float(sum(flops[k] for k in chain)) / dev.flops_per_s if chain
+                else float("inf"))
   if chain and (not offload_ok or remat_cost <= offload_cost):
     return Decision(vid, Action.REMAT, a, b, chain, v.nbytes, remat_cost)
   if offload_ok:
@@ -85,16 +86,8 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   state = ChainState(program)
   for d in initial:
     state.add(d)
-  flops_cache: dict[int, float] = {}
 
-  def op_flops(k: int) -> float:
-    if k not in flops_cache:
-      flops_cache[k] = eqn_flops(program.ops[k].eqn)
-    return flops_cache[k]
-
-  candidates = [v.id for v in program.vars
-                if v.role in CANDIDATE_ROLES and not v.is_input and not v.is_output
-                and v.nbytes >= min_bytes and v.uses]
+  candidates = candidate_vars(program, min_bytes)
   rejected: set[tuple[int, int, int]] = set()
   pinned = pins(program)
   sched_opts = dict(copies=copies, window=window, budget=int(budget_bytes))
@@ -128,7 +121,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
       j = bisect.bisect_left(ev, b)
       if j == 0 or ev[j - 1] != a or j >= len(ev) or ev[j] != b:
         continue  # an earlier remat in this batch added a use inside the gap
-      d = _decide(state, program, vid, a, b, dev, op_flops, max_chain, allow_remat, allow_offload)
+      d = _decide(state, program, vid, a, b, dev, max_chain, allow_remat, allow_offload)
       if d is None:
         rejected.add((vid, a, b))
         continue
