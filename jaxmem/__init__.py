@@ -20,6 +20,7 @@ from jaxmem._src.base.budget import BudgetSpec, parse_budget
 from jaxmem._src.base.errors import BudgetError, JaxmemError, format_bytes
 from jaxmem._src.estimate.devices import DeviceProfile, device_profile
 from jaxmem._src.estimate.lifetimes import Profile
+from jaxmem._src.estimate.targets import Target, get_target
 from jaxmem._src.ir.blocks import Block
 from jaxmem._src.ir.program import Op, Role, VarInfo
 from jaxmem._src.native.arena import ArenaStats, HostArena
@@ -28,15 +29,16 @@ from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import Schedule
 from jaxmem._src.plan.simulate import Simulation, simulate
 from jaxmem._src.planners.protocol import Planner
+from jaxmem._src.lower.backend import BACKENDS
 from jaxmem._src.planners.registry import PLANNERS, get_planner
 from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 
 __all__ = [
-    "Action", "ArenaStats", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
+    "Action", "ArenaStats", "BACKENDS", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
     "Decision", "DeviceProfile", "FitResult", "Fitted", "HostArena", "JaxmemError",
     "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "Profile", "Program", "Role",
-    "Schedule", "Simulation", "VarInfo", "analyze", "compare", "compiled_memory",
-    "device_profile", "dsa", "fit", "format_bytes", "get_planner", "max_batch", "native",
+    "Schedule", "Simulation", "Target", "VarInfo", "analyze", "compare", "compiled_memory",
+    "device_profile", "dsa", "fit", "format_bytes", "get_planner", "get_target", "max_batch", "native",
     "parse_budget", "plan", "simulate",
 ]
 

@@ -11,8 +11,13 @@ import os
 import pathlib
 import sys
 
-import pytest
-from hypothesis import settings
+# libtpu (installed with the test extras, for the TPU targets compiled ahead
+# of time) looks for TPU hosts when jax starts; there are none here.
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 # CI runs a fixed set of examples (no flaky discoveries blocking a merge); set
 # JAXMEM_EXAMPLES=200 to search wider (tests/lower/test_rewrite_properties.py).

@@ -410,3 +410,19 @@ def is_device(x: object) -> bool:
   """True for a ``jax.Device`` (a ``device_put`` target that is one whole device)."""
   return isinstance(x, jax.Device)
 
+
+
+def topology_devices(platform: str, topology: str, chips_per_host_bounds: tuple[int, int, int]
+                     ) -> tuple[Any, ...]:
+  """The devices of an accelerator topology compiled for ahead of time (no device needed).
+
+  ``jax.experimental.topologies`` is experimental; jax 0.10.2 + libtpu 0.0.42.1
+  accept ``v5e:1x1``/``v6e:1x1`` with bounds ``(1, 1, 1)``, ``v5p:1x1x1``,
+  ``v4:1x1x1`` and multi-chip slices with ``(2, 2, 1)``.
+  """
+  from jax.experimental import topologies
+  desc = topologies.get_topology_desc(platform=platform, topology_name=topology,
+                                      chip_config_name="default",
+                                      chips_per_host_bounds=tuple(chips_per_host_bounds),
+                                      num_slices=1)
+  return tuple(desc.devices)

@@ -21,15 +21,16 @@ from jaxmem._src.api.program import Program, analyze_step
 from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
 from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.estimate.targets import Target, TargetLike, get_target
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
-from jaxmem._src.lower.backend import jit_plan
+from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import COPY_MODES, CopyMode, Window, window_bytes
 from jaxmem._src.plan.simulate import simulate
 from jaxmem._src.planners.auto import auto
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.protocol import PlainPlanner, Planner
-from jaxmem._src.planners.registry import as_planner
+from jaxmem._src.planners.registry import PLANNERS, as_planner
 from jaxmem._src.planners.segments import segments
 from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 
@@ -49,6 +50,11 @@ class FitResult:
     planning_s: seconds spent planning, rewriting and compiling.
     compiler_options: XLA options the fitted step is compiled with (empty:
       the defaults; see ``_compiler_option_sets``).
+    backend: the rewrite that expressed the plan (``"ffi"``: jaxmem's own
+      XLA FFI ops; ``"xla"``: optimization barriers and host memory kinds).
+    target: the target whose compiled program verified the peaks
+      (``"local"``: this machine's devices, ``"tpu:v5e"``: XLA:TPU ahead of time).
+    platform: that compiler's backend (``cpu``, ``gpu``, ``tpu``).
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -59,6 +65,9 @@ class FitResult:
   unplanned_memory: CompiledMemory
   planning_s: float = 0.0
   compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  backend: str = "ffi"
+  target: str = "local"
+  platform: str = "cpu"
 
   def summary(self) -> str:
     saved = 1.0 - self.peak_bytes / max(1, self.unplanned_peak_bytes)
@@ -67,6 +76,8 @@ class FitResult:
         f"unplanned peak:  {self.unplanned_memory}",
         f"fitted peak:     {self.memory}  ({saved:.0%} less, "
         f"{'within' if self.peak_bytes <= self.budget_bytes else 'OVER'} budget)",
+        f"verified on:     {self.target} ({self.platform}), plan expressed by the "
+        f"{self.backend!r} backend",
         f"rounds:          {self.rounds}, planning+compile {self.planning_s:.1f} s"
         + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else ""),
     ])
@@ -81,7 +92,7 @@ class _Attempt:
   options: dict[str, Any]
 
 
-def _compiler_option_sets(fallback: bool) -> list[dict[str, Any]]:
+def _compiler_option_sets(fallback: bool, platform: str) -> list[dict[str, Any]]:
   """XLA options tried in turn: the defaults, then (``fallback``) leaner lowerings.
 
   On the CPU, YNNPACK fusions (``reduce_window`` of ``avg_pool``, some
@@ -94,7 +105,7 @@ def _compiler_option_sets(fallback: bool) -> list[dict[str, Any]]:
   the bias gradients are sums that cancel).
   """
   sets: list[dict[str, Any]] = [{}]
-  if fallback and jax.default_backend() == "cpu":
+  if fallback and platform == "cpu":
     sets.append({"xla_cpu_experimental_ynn_fusion_type": ""})
   return sets
 
@@ -123,7 +134,8 @@ class Fitted:
                static_argnums: int | Sequence[int] = (),
                donate_argnums: int | Sequence[int] = (),
                max_rounds: int = 4, verbose: bool = False, compiler_fallback: bool = False,
-               copies: CopyMode = "sync", window: Window = None, relax: bool = True):
+               copies: CopyMode = "sync", window: Window = None, relax: bool = True,
+               target: TargetLike = None, backend: BackendChoice = "auto"):
     if not callable(fun):
       raise TypeError(f"`jaxmem.fit(...)` decorates a callable step, got {type(fun).__name__}.")
     self.fun = fun
@@ -143,19 +155,41 @@ class Fitted:
     self.verbose = verbose
     self.compiler_fallback = compiler_fallback
     self.relax = relax
+    self.target: Target = get_target(target)
+    self.backend = resolve_backend(backend, self.target.platform)
+    if device is None and self.target.profile is not None:
+      self.device = self.target.profile
+    # XLA:TPU's scheduler places host copies by its own memory model: with
+    # HBM to spare it issues every copy back right after the copy out
+    # (measured on a 3-layer MLP on a v5e target: seven offloads planned,
+    # compiled peak 72 -> 282 MiB), so the plan's placement does not survive.
+    # Its default plans recompute only; offloads stay available by name.
+    self.remat_only = self.backend == "xla" and self.target.platform == "tpu"
     self._cache: dict[Any, _Entry] = {}
     functools.update_wrapper(self, fun)
 
   # -- public ---------------------------------------------------------------
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    """Runs the fitted step on the local devices.
+
+    For a target compiled ahead of time (``target="tpu:v5e"``) this runs the
+    same rewritten program compiled for the local backend, so its results can
+    be compared with ``jax.jit`` here; the memory verified is the target's.
+    """
     entry, dyn = self._entry(args, kwargs)
-    return entry.compiled(*dyn)
+    if self.target.is_local:
+      return entry.compiled(*dyn)
+    return entry.jitted(*dyn)
 
   def lower(self, *args: Any, **kwargs: Any) -> Any:
-    """Lowers the fitted step like ``jax.jit(f).lower``; ``.compile()`` follows."""
+    """Lowers the fitted step for the target like ``jax.jit(f).lower``; ``.compile()`` follows.
+
+    Takes concrete arrays or ``jax.ShapeDtypeStruct`` s; for an ahead-of-time
+    target they are placed on its devices (:meth:`jaxmem.Target.place`).
+    """
     entry, dyn = self._entry(args, kwargs)
-    return entry.jitted.lower(*dyn)
+    return entry.jitted.lower(*self.target.place(dyn))
 
   def fit_result(self, *args: Any, **kwargs: Any) -> FitResult:
     """The :class:`FitResult` for these arguments (plans if needed)."""
@@ -164,7 +198,8 @@ class Fitted:
   def analyze(self, *args: Any, **kwargs: Any) -> Program:
     """The unplanned :class:`jaxmem.Program` for these arguments."""
     inner, dyn, names, _ = self._split(args, kwargs)
-    return analyze_step(inner, dyn, donate_argnums=self._dyn_donate(len(args)), arg_names=names)
+    return analyze_step(inner, dyn, donate_argnums=self._dyn_donate(len(args)), arg_names=names,
+                        target=self.target)
 
   # -- internals --------------------------------------------------------------
 
@@ -225,15 +260,18 @@ class Fitted:
            donate: tuple[int, ...]) -> _Entry:
     t0 = time.perf_counter()
     self._log("tracing and compiling the unplanned step")
+    target = self.target
+    placed = target.place(dyn)
     base_jit = jax.jit(inner, donate_argnums=donate)
-    base_compiled = base_jit.lower(*dyn).compile()
+    base_compiled = base_jit.lower(*placed).compile()
     base_mem = compiled_memory(base_compiled)
     budget = self.spec.resolve(base_mem.peak_bytes)
-    program = analyze_step(inner, dyn, donate_argnums=donate, arg_names=names)
+    program = analyze_step(inner, dyn, donate_argnums=donate, arg_names=names, target=target)
+    where = dict(backend=self.backend, target=target.name, platform=target.platform)
     if base_mem.peak_bytes <= budget:
       plan = Plan(program, (), budget, program.peak_bytes, program.peak_bytes, "none")
       result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
-                         base_mem, time.perf_counter() - t0)
+                         base_mem, time.perf_counter() - t0, **where)
       self._log(f"already fits: {base_mem} <= {format_bytes(budget)}")
       return _Entry(result, base_jit, base_compiled)
 
@@ -254,8 +292,9 @@ class Fitted:
       if same in compiled_plans:
         self._log(f"target {format_bytes(target)}: same plan as an earlier round, not recompiled")
         return compiled_plans[same]
-      jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options)
-      compiled = jitted.lower(*dyn).compile()
+      jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
+                        backend=self.backend)
+      compiled = jitted.lower(*placed).compile()
       tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options))
       self._log(f"round {len(tried)}: target {format_bytes(target)} -> estimate "
                 f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
@@ -315,7 +354,7 @@ class Fitted:
 
     found = None
     if budget >= _hard_floor(program, donate):
-      for options in _compiler_option_sets(self.compiler_fallback):
+      for options in _compiler_option_sets(self.compiler_fallback, target.platform):
         # `auto` picks by simulated time; when its plans overshoot in the
         # compiled program, its single planners get their own rounds.
         for planner in (None, *self._fallback_planners()):
@@ -328,16 +367,20 @@ class Fitted:
       attempt(0, {})
     if found is None:
       best = min(tried, key=lambda t: t.memory.peak_bytes)
-      hint = ("" if self.compiler_fallback or jax.default_backend() != "cpu" else
+      hint = ("" if self.compiler_fallback or target.platform != "cpu" else
               " `compiler_fallback=True` would also try XLA:CPU lowerings without YNNPACK "
               "fusions (not bit-identical to jax.jit).")
+      if self.backend == "xla" and target.platform == "cpu":
+        hint = (" XLA:CPU erases the `xla` backend's optimization barriers and memory kinds, so "
+                "its plans cannot lower a CPU peak: use `backend='ffi'` (the CPU's default) or "
+                "verify on the device you train on (`target='tpu:v5e'`, or run on the GPU).")
       raise BudgetError(
           f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
           f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
           f"{format_bytes(base_mem.peak_bytes)}).{hint}",
           budget_bytes=budget, smallest_bytes=best.memory.peak_bytes, holders=_holders(best.plan))
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
-                       found.memory, base_mem, time.perf_counter() - t0, found.options)
+                       found.memory, base_mem, time.perf_counter() - t0, found.options, **where)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     return _Entry(result, found.jitted, found.compiled)
 
@@ -345,11 +388,15 @@ class Fitted:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""
     if self.planner is not auto:
       return ()
+    if self.remat_only:
+      return (PLANNERS["segments-remat"],)
     return (greedy, segments)
 
   def _plan(self, program: Program, target: int, planner: Planner | None = None) -> Plan:
     """The planner's plan for ``target``, with this step's copy mode."""
     use = self.planner if planner is None else planner
+    if use is auto and self.remat_only:
+      use = PLANNERS["greedy-remat"]
     return use(program, target, self.device, copies=self.copies, window=self.window)
 
 
@@ -411,7 +458,8 @@ def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "a
         device: DeviceLike = None, static_argnums: int | Sequence[int] = (),
         donate_argnums: int | Sequence[int] = (), max_rounds: int = 4, verbose: bool = False,
         compiler_fallback: bool = False, copies: CopyMode = "sync", window: Window = None,
-        relax: bool = True) -> Callable[[Callable[..., Any]], Fitted]:
+        relax: bool = True, target: TargetLike = None,
+        backend: BackendChoice = "auto") -> Callable[[Callable[..., Any]], Fitted]:
   """Decorator: make a step's compiled peak fit ``budget``.
 
   Args:
@@ -447,6 +495,18 @@ def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "a
       budget unused, try up to two looser plans (the target raised by the
       unused bytes) and keep one that still fits with a faster simulated
       step. Costs a compile each; ``False`` keeps the first plan that fits.
+    target: the device whose compiled program must fit the budget: ``None``
+      (the local devices) or a target compiled ahead of time on this machine,
+      such as ``"tpu:v5e"`` (see :func:`jaxmem.get_target`; needs
+      ``pip install "jax[tpu]"``). Fractions then refer to the target's
+      unplanned compiled peak, the default ``device`` profile is the
+      target's, and ``fitted(*args)`` runs the same rewritten program on the
+      local devices.
+    backend: how the plan is expressed: ``"ffi"`` (jaxmem's own XLA FFI
+      fences and host copies; the CPU, and GPUs with jaxmem's CUDA handlers),
+      ``"xla"`` (``optimization_barrier`` fences and host memory kinds, which
+      XLA:TPU and XLA:GPU honour) or ``"auto"``: ``xla`` for TPU targets and
+      for GPUs without jaxmem's CUDA handlers, ``ffi`` on the CPU.
 
   Returns:
     A decorator producing a :class:`Fitted` step.
@@ -468,11 +528,12 @@ def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "a
   spec = budget_lib.parse_budget(budget)
   as_planner(planner)
   _check_copies(copies, window)
+  resolve_backend(backend, get_target(target).platform)
 
   def deco(fun: Callable[..., Any]) -> Fitted:
     return Fitted(fun, spec, planner=planner, device=device, static_argnums=static_argnums,
                   donate_argnums=donate_argnums, max_rounds=max_rounds, verbose=verbose,
                   compiler_fallback=compiler_fallback, copies=copies, window=window,
-                  relax=relax)
+                  relax=relax, target=target, backend=backend)
 
   return deco

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxmem._src.estimate.analysis import AnalyzedProgram, analyze_program
+from jaxmem._src.estimate.targets import TargetLike, get_target
 from jaxmem._src.ir.trace import check_array_args, trace
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.report import json_doc, text
@@ -61,14 +62,16 @@ class Program(AnalyzedProgram):
 
 def analyze_step(fun: Callable[..., Any], args: Sequence[Any], *,
                  donate_argnums: Sequence[int] = (),
-                 arg_names: Sequence[str] | None = None) -> Program:
-  """Trace and estimate: the :class:`Program` of ``fun(*args)``."""
-  return Program.of(analyze_program(trace(fun, args, donate_argnums=donate_argnums,
-                                          arg_names=arg_names)))
+                 arg_names: Sequence[str] | None = None, target: TargetLike = None) -> Program:
+  """Trace and estimate: the :class:`Program` of ``fun(*args)`` for ``target``."""
+  t = get_target(target)
+  return Program.of(analyze_program(trace(fun, t.place(tuple(args)), donate_argnums=donate_argnums,
+                                          arg_names=arg_names, backend=t.platform,
+                                          target=t.name)))
 
 
-def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = ()
-            ) -> Program:
+def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
+            target: TargetLike = None) -> Program:
   """Traces ``fun(*args)`` and measures every variable's lifetime. Nothing is compiled.
 
   Args:
@@ -77,6 +80,9 @@ def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[
     donate_argnums: positions of arguments donated to the step, as in
       ``jax.jit``: their buffers die at their last use instead of living
       through the step.
+    target: the device the estimate is for: ``None`` (the local devices) or
+      an ahead-of-time target such as ``"tpu:v5e"``
+      (:func:`jaxmem.get_target`): the estimate then models that compiler.
 
   Returns:
     A :class:`Program`; ``.report()``, ``.peak_bytes``, ``.profile``, ``.to_json()``.
@@ -94,7 +100,8 @@ def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[
   if not all(isinstance(i, int) and -len(args) <= i < len(args) for i in donate):
     raise ValueError(f"`jaxmem.analyze`: donate_argnums={donate_argnums!r} must be positions of "
                      f"the {len(args)} arguments passed.")
-  return analyze_step(fun, args, donate_argnums=tuple(i % len(args) for i in donate))
+  return analyze_step(fun, args, donate_argnums=tuple(i % len(args) for i in donate),
+                      target=target)
 
 
 __all__ = ["Program", "analyze", "analyze_step"]

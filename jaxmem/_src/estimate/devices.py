@@ -112,6 +112,27 @@ PROFILES: Mapping[str, DeviceProfile] = MappingProxyType({
     # direction at a time is not modelled: K40 has two copy engines.
     "k40": DeviceProfile("k40", 5.0e12, 0.8 * 16e9, 5.0e12, 5.0e12, 288e9, 12 * _GiB, 5e-6, True,
                          "Tesla K40 as quoted by Layrub and vDNN; PCIe Gen3 x16"),
+    # TPU chips (the ahead-of-time targets of jaxmem._src.estimate.targets),
+    # per chip, from Google Cloud's TPU system-architecture pages (v4, v5e,
+    # v5p, v6e): peak bf16 matmul, HBM capacity and bandwidth. JAX's default
+    # matmul precision on TPU runs float32 operands as one bf16 pass, so the
+    # float32 rate is the bf16 rate. The vector unit's rate and the host link
+    # are not published per chip: the vector rate is left at 1/8 of the matrix
+    # rate (DeviceProfile.vector_rate), and the link is taken as PCIe Gen4 x16
+    # (80% of 32 GB/s per direction) for every generation -- an assumption,
+    # which bench/results records beside every simulated figure.
+    "tpu-v4": DeviceProfile("tpu-v4", 275e12, 0.8 * 32e9, 275e12, None, 1200e9, 32 * _GiB,
+                            1e-6, True, "Cloud TPU v4 (275 TFLOP/s bf16, 32 GiB, 1200 GB/s); "
+                            "host link assumed PCIe Gen4 x16"),
+    "tpu-v5e": DeviceProfile("tpu-v5e", 197e12, 0.8 * 32e9, 197e12, None, 819e9, 16 * _GiB,
+                             1e-6, True, "Cloud TPU v5e (197 TFLOP/s bf16, 16 GiB, 819 GB/s); "
+                             "host link assumed PCIe Gen4 x16"),
+    "tpu-v5p": DeviceProfile("tpu-v5p", 459e12, 0.8 * 32e9, 459e12, None, 2765e9, 95 * _GiB,
+                             1e-6, True, "Cloud TPU v5p (459 TFLOP/s bf16, 95 GiB, 2765 GB/s); "
+                             "host link assumed PCIe Gen4 x16"),
+    "tpu-v6e": DeviceProfile("tpu-v6e", 918e12, 0.8 * 32e9, 918e12, None, 1640e9, 32 * _GiB,
+                             1e-6, True, "Cloud TPU v6e (918 TFLOP/s bf16, 32 GiB, 1640 GB/s); "
+                             "host link assumed PCIe Gen4 x16"),
 })
 
 # The default ``cpu`` profile: a 2-core x86 VM, FP32 GEMM ~50 GFLOP/s, memcpy
@@ -207,7 +228,9 @@ def _measured_cpu() -> DeviceProfile:
 
 # `jax.Device.device_kind` substrings -> profile, most specific first.
 _KINDS = (("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100-40g"),
-          ("v100", "v100"), ("1080 ti", "gtx-1080ti"), ("k40", "k40"))
+          ("v100", "v100"), ("1080 ti", "gtx-1080ti"), ("k40", "k40"),
+          ("tpu v5 lite", "tpu-v5e"), ("tpu v6 lite", "tpu-v6e"), ("tpu v5", "tpu-v5p"),
+          ("tpu v4", "tpu-v4"))
 
 
 def profile_for_kind(kind: str) -> str:
@@ -231,7 +254,8 @@ def device_profile(device: DeviceLike) -> DeviceProfile:
   """Looks up a device profile by name (default: the current JAX backend).
 
   Names: ``cpu`` (see :func:`cpu_profile`), ``h100-sxm``, ``h100-pcie``,
-  ``a100-40g``, ``v100``, ``gtx-1080ti``, ``k40``.
+  ``a100-40g``, ``v100``, ``gtx-1080ti``, ``k40``, ``tpu-v4``, ``tpu-v5e``,
+  ``tpu-v5p``, ``tpu-v6e``.
 
   Example:
     >>> device_profile("k40").memory_bytes_per_s

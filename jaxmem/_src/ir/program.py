@@ -147,7 +147,10 @@ class Program:
       anywhere, so they never order a copy or a fence.
     blocks: the opaque control-flow and remat ops (``scan``, ``while``,
       ``cond``, ``checkpoint``) with what is inside them, in program order.
-    backend: the JAX backend the step was traced for (``cpu``, ``gpu``, ``tpu``).
+    backend: the XLA backend whose compiled program the estimate models (``cpu``,
+      ``gpu``, ``tpu``): the local one, or an ahead-of-time target's.
+    target: the target the step is planned for (``"local"``, ``"tpu:v5e"``;
+      :mod:`jaxmem._src.estimate.targets`).
     num_devices: devices the step is spread over (1 when unsharded); every
       ``VarInfo.nbytes`` is then bytes per device, as ``memory_analysis()``
       of the compiled step reports them.
@@ -175,6 +178,7 @@ class Program:
   in_tree: _compat.PyTreeDef
   out_tree: _compat.PyTreeDef | None
   closed_jaxpr: _compat.ClosedJaxpr
+  target: str = "local"
 
   @property
   def num_ops(self) -> int:

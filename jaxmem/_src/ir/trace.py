@@ -96,7 +96,8 @@ def arg_names_of(fun: Callable[..., Any], nargs: int) -> list[str]:
 
 def trace(fun: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Sequence[int] = (),
           arg_names: Sequence[str] | None = None,
-          closed_jaxpr: _compat.ClosedJaxpr | None = None) -> Program:
+          closed_jaxpr: _compat.ClosedJaxpr | None = None, backend: str | None = None,
+          target: str = "local") -> Program:
   """Traces ``fun(*args)`` into a flat :class:`Program`. Nothing is compiled.
 
   Args:
@@ -108,6 +109,9 @@ def trace(fun: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Seque
     closed_jaxpr: the flat jaxpr of ``fun`` traced already, so that tracing
       can be timed apart from the rest (``bench/analyze_speed.py``); the
       program's ``out_tree`` is then unknown and it cannot be rewritten.
+    backend: the XLA backend the estimate models (default: the local one,
+      ``jax.default_backend()``); a target compiled ahead of time names its own.
+    target: the name of the target planned for (recorded on the program).
 
   Returns:
     The :class:`Program`, with roles from the pass each op belongs to (the
@@ -133,7 +137,7 @@ def trace(fun: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Seque
   memo: blocks.Memo = {}
   flat = _flatten(closed_jaxpr, input_roles, [i in donated_args for i in leaf_arg], memo)
   return _finish(flat, closed_jaxpr, in_tree, out_trees[-1] if out_trees else None, flat_args,
-                 memo)
+                 memo, backend or jax.default_backend(), target)
 
 
 @dataclasses.dataclass
@@ -216,7 +220,7 @@ def _flatten(closed: _compat.ClosedJaxpr, input_roles: list[tuple[Role, str]],
 
 def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef,
             out_tree: _compat.PyTreeDef | None, arg_leaves: Sequence[Any],
-            memo: blocks.Memo) -> Program:
+            memo: blocks.Memo, backend: str, target: str) -> Program:
   """Uses, roles, bytes per device and constant-like values of the flattened program."""
   avals, ops = flat.avals, flat.ops
   layout = sharding.device_layout(avals, ops, flat.invars, flat.outvars, arg_leaves)
@@ -262,7 +266,7 @@ def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef
       ops=ops, vars=tuple(vars_), invars=flat.invars, outvars=flat.outvars,
       consts=MappingProxyType(dict(flat.consts)), donated=flat.donated,
       constant_like=tuple(const_like), blocks=blocks.program_blocks(ops, memo),
-      backend=jax.default_backend(), num_devices=layout.num_devices if layout is not None else 1,
+      backend=backend, target=target, num_devices=layout.num_devices if layout is not None else 1,
       device_layout=layout, device_fraction=fractions, in_tree=in_tree, out_tree=out_tree,
       closed_jaxpr=closed)
 

@@ -3,21 +3,24 @@
 A :class:`Backend` turns a :class:`~jaxmem._src.plan.schedule.Schedule` into
 ``f(*flat_args) -> flat_outputs``, a JAX function of the step's flat arguments
 that runs the schedule; :func:`jit_plan` wraps it as a ``jax.jit`` step with
-the original step's argument and result structure. Today one backend, ``ffi``
-(:mod:`jaxmem._src.lower.ffi`: our own fence and host-copy ops); a backend in
-JAX's own terms (``jax.checkpoint`` regions, host memory kinds) implements the
-same protocol.
+the original step's argument and result structure. Two backends: ``ffi``
+(:mod:`jaxmem._src.lower.ffi`: our own fence and host-copy ops, which every
+XLA backend keeps, the CPU's included) and ``xla``
+(:mod:`jaxmem._src.lower.xla`: ``optimization_barrier`` fences and host memory
+kinds, which XLA:TPU and XLA:GPU honour and XLA:CPU erases).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 
 from jaxmem._src.lower.ffi import FfiBackend
+from jaxmem._src.native import extension
+from jaxmem._src.lower.xla import XlaBackend
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import Schedule
 
@@ -30,7 +33,38 @@ class Backend(Protocol):
 
 
 #: The backends by name.
-BACKENDS: Mapping[str, Backend] = MappingProxyType({"ffi": FfiBackend()})
+BACKENDS: Mapping[str, Backend] = MappingProxyType({"ffi": FfiBackend(), "xla": XlaBackend()})
+
+
+#: What a ``backend=`` argument takes.
+BackendChoice = Literal["auto", "ffi", "xla"]
+
+
+def resolve_backend(backend: BackendChoice | str, platform: str) -> str:
+  """The backend a plan for ``platform`` (``cpu``, ``gpu``, ``tpu``) is expressed in.
+
+  ``"auto"`` picks ``ffi`` on the CPU (XLA:CPU erases barriers and memory
+  kinds, ``docs/design.md``), ``xla`` on TPU (custom calls cannot exist there)
+  and on a GPU unless this build of jaxmem has CUDA handlers for its ops.
+
+  Example:
+    >>> resolve_backend("auto", "cpu"), resolve_backend("auto", "tpu")
+    ('ffi', 'xla')
+  """
+  if backend == "auto":
+    if platform == "cpu":
+      return "ffi"
+    if platform == "gpu" and extension.WITH_CUDA:
+      return "ffi"
+    return "xla"
+  if backend not in BACKENDS:
+    raise ValueError(f"`backend`={backend!r} is not a known backend; use 'auto' or one of "
+                     f"{sorted(BACKENDS)}.")
+  if backend == "ffi" and platform == "tpu":
+    raise ValueError("`backend='ffi'` cannot express a plan for a TPU: jaxmem's FFI ops have "
+                     "no TPU implementation (XLA:TPU runs no custom calls of ours). Use "
+                     "`backend='xla'` or 'auto'.")
+  return backend
 
 
 def get_backend(backend: str | Backend) -> Backend:
@@ -66,4 +100,4 @@ def jit_plan(plan: Plan, *, donate_argnums: Sequence[int] = (),
                  compiler_options=dict(compiler_options) if compiler_options else None)
 
 
-__all__ = ["BACKENDS", "Backend", "get_backend", "jit_plan"]
+__all__ = ["BACKENDS", "Backend", "BackendChoice", "get_backend", "jit_plan", "resolve_backend"]

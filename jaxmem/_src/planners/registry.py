@@ -10,6 +10,9 @@
 * ``optimal`` -- remat + offload as a MILP (scipy/HiGHS);
 * ``segments`` -- recompute whole forward segments from checkpoints (Chen et
   al. 2016);
+* ``greedy-remat``, ``segments-remat`` -- the same with recomputation only (no
+  host copies): what ``jaxmem.fit`` plans for TPU targets, whose compiler
+  schedules host copies by its own memory model (see ``jaxmem.fit``);
 * ``auto`` (also ``best``) -- the fastest simulated plan among the fast planners
   (and the MILP on small programs); the default of ``jaxmem.fit``.
 
@@ -42,6 +45,8 @@ PLANNERS: Mapping[str, Planner] = MappingProxyType({
     "window": window_planner,
     "optimal": optimal,
     "segments": segments,
+    "greedy-remat": functools.partial(greedy, allow_offload=False),
+    "segments-remat": functools.partial(segments, fill=False),
     "auto": auto,
     "best": auto,          # the name it had before it became `fit`'s default
 })

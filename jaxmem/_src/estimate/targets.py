@@ -1,0 +1,177 @@
+"""Targets: the device a plan is verified for, compiled ahead of time when it is not here.
+
+A budget belongs to the device the user trains on (``docs/design.md``,
+"Targets and backends"). A :class:`Target` names that device's compiler and
+its chip: ``"local"`` is whatever ``jax.devices()`` gives; ``"tpu:v5e"``,
+``"tpu:v5p"``, ``"tpu:v6e"`` and ``"tpu:v4"`` are TPU chips that libtpu
+(``pip install "jax[tpu]"``) compiles for on a machine without a TPU, through
+``jax.experimental.topologies``. A suffix picks a slice topology
+(``"tpu:v5e:2x2"``: 4 chips); the budget is per device.
+
+The target decides three things downstream: which compiler's
+:func:`~jaxmem._src.estimate.xla_model.op_fusion_kind` rules the estimate
+applies (``backend``), which :class:`~jaxmem._src.estimate.devices.DeviceProfile`
+the simulator prices a plan with (``profile``), and which devices the step's
+arguments are placed on for the ahead-of-time compile (:meth:`Target.place`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import jax
+
+from jaxmem._src import _compat
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """A TPU generation libtpu compiles for.
+
+  Attributes:
+    name: the short name in target strings (``v5e``).
+    topology: ``topology_name`` of one chip (``v5e:1x1``).
+    bounds: ``chips_per_host_bounds`` of that one-chip topology.
+    multi_bounds: ``chips_per_host_bounds`` of multi-chip slices.
+    device_kind: what ``jax.Device.device_kind`` says on that chip.
+    profile: the :data:`~jaxmem._src.estimate.devices.PROFILES` entry that prices it.
+  """
+  name: str
+  topology: str
+  bounds: tuple[int, int, int]
+  multi_bounds: tuple[int, int, int]
+  device_kind: str
+  profile: str
+
+
+#: TPU chips compiled for here (jax 0.10.2 + libtpu 0.0.42.1, all checked by
+#: ``tests/verify/test_targets.py``). v4 has two TensorCores per chip that
+#: libtpu shows as two devices; the budget is per device.
+CHIPS: Mapping[str, Chip] = MappingProxyType({
+    "v5e": Chip("v5e", "v5e:1x1", (1, 1, 1), (2, 2, 1), "TPU v5 lite", "tpu-v5e"),
+    "v6e": Chip("v6e", "v6e:1x1", (1, 1, 1), (2, 2, 1), "TPU v6 lite", "tpu-v6e"),
+    "v5p": Chip("v5p", "v5p:1x1x1", (1, 1, 1), (2, 2, 1), "TPU v5", "tpu-v5p"),
+    "v4": Chip("v4", "v4:1x1x1", (1, 1, 1), (2, 2, 1), "TPU v4", "tpu-v4"),
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Where a plan is compiled and verified.
+
+  Attributes:
+    name: the canonical target string (``"local"``, ``"tpu:v5e"``, ``"tpu:v5e:2x2"``).
+    platform: the XLA backend that compiles for it (``cpu``, ``gpu``, ``tpu``).
+    chip: for TPU targets, the chip; ``None`` for the local devices.
+    topology: the slice topology compiled for (TPU targets).
+  """
+  name: str
+  platform: str
+  chip: Chip | None = None
+  topology: str | None = None
+
+  @property
+  def is_local(self) -> bool:
+    return self.chip is None
+
+  @property
+  def profile(self) -> str | None:
+    """The device profile a simulation uses (``None``: the local backend's)."""
+    return None if self.chip is None else self.chip.profile
+
+  @property
+  def devices(self) -> tuple[Any, ...]:
+    """The target's devices (``jax.devices()`` locally; topology devices for a TPU target)."""
+    if self.chip is None:
+      return tuple(jax.devices())
+    return _topology_devices(self.chip.name, self.topology or self.chip.topology)
+
+  def place(self, args: Any) -> Any:
+    """``args`` as ``jax.ShapeDtypeStruct`` s on this target's devices, for ``lower()``.
+
+    Local targets take the arguments unchanged. For an ahead-of-time target,
+    arrays and structs become shape-only structs; a struct that already has a
+    sharding on this target's devices keeps it (that is how a sharded step is
+    described), everything else goes to the first device.
+    """
+    if self.chip is None:
+      return args
+    devices = self.devices
+    ids = {id(d) for d in devices}
+    default = jax.sharding.SingleDeviceSharding(devices[0])
+
+    def one(x: Any) -> Any:
+      if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        return x
+      sharding = getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+      if sharding is None or not all(id(d) in ids for d in sharding.device_set):
+        sharding = default
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
+                                  weak_type=bool(getattr(x, "weak_type", False)))
+
+    return jax.tree_util.tree_map(one, args)
+
+  def __str__(self) -> str:
+    return self.name
+
+
+#: What ``target=`` takes: a target string, a :class:`Target`, or ``None`` (local).
+TargetLike = str | Target | None
+
+
+def _local() -> Target:
+  return Target("local", jax.default_backend())
+
+
+def get_target(target: TargetLike) -> Target:
+  """Resolves a ``target=`` argument.
+
+  Example:
+    >>> t = get_target("tpu:v5e")
+    >>> t.platform, t.chip.device_kind, t.profile
+    ('tpu', 'TPU v5 lite', 'tpu-v5e')
+    >>> get_target("tpu:v5e:2x2").topology
+    'v5e:2x2'
+  """
+  if target is None or target == "local":
+    return _local()
+  if isinstance(target, Target):
+    return target
+  if not isinstance(target, str):
+    raise TypeError(f"`target` must be a string such as 'tpu:v5e', a `jaxmem.Target` or None, "
+                    f"got {type(target).__name__}.")
+  parts = target.lower().split(":")
+  if parts[0] != "tpu" or len(parts) not in (2, 3) or parts[1] not in CHIPS:
+    raise ValueError(
+        f"`target`={target!r} is not a known target; use 'local' or 'tpu:<chip>' with a chip "
+        f"in {sorted(CHIPS)}, optionally with a slice topology ('tpu:v5e:2x2').")
+  chip = CHIPS[parts[1]]
+  topology = chip.topology if len(parts) == 2 else f"{chip.name}:{parts[2]}"
+  return Target("tpu:" + (chip.name if len(parts) == 2 else f"{chip.name}:{parts[2]}"),
+                "tpu", chip, topology)
+
+
+@functools.cache
+def _topology_devices(chip: str, topology: str) -> tuple[Any, ...]:
+  """The devices of a TPU topology, from libtpu (no TPU needed: ahead-of-time only)."""
+  # libtpu looks for TPU hosts and takes a per-machine lock file unless told
+  # otherwise; neither matters for compiling ahead of time.
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  c = CHIPS[chip]
+  bounds = c.bounds if topology == c.topology else c.multi_bounds
+  try:
+    return _compat.topology_devices("tpu", topology, bounds)
+  except Exception as e:  # noqa: BLE001 (libtpu's errors are plain RuntimeErrors)
+    raise RuntimeError(
+        f"cannot compile for TPU topology {topology!r} here: {e}. Compiling for a TPU on a "
+        "machine without one needs libtpu: `pip install \"jax[tpu]\"` (the libtpu that matches "
+        "your jax).") from e
+
+
+__all__ = ["CHIPS", "Chip", "Target", "TargetLike", "get_target"]

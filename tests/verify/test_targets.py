@@ -1,0 +1,119 @@
+"""Targets compiled ahead of time: XLA:TPU's own compiled program, on a machine without a TPU.
+
+libtpu comes with the test extras (``jax[tpu]``); these tests compile for TPU
+chips through ``jax.experimental.topologies`` and never run anything on one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmem
+from jaxmem._src.estimate.targets import CHIPS, get_target
+from jaxmem._src.native.extension import TARGET_PREFIX
+from jaxmem._src.plan.decisions import Action
+from jaxmem._src.verify.compiled import compiled_memory
+
+pytest.importorskip("libtpu", reason="TPU targets need libtpu: pip install 'jax[tpu]'")
+
+
+def test_get_target_parses_chips_and_topologies():
+  assert get_target(None).is_local and get_target("local").platform == jax.default_backend()
+  t = get_target("TPU:v6e")
+  assert (t.name, t.platform, t.topology, t.profile) == ("tpu:v6e", "tpu", "v6e:1x1", "tpu-v6e")
+  assert get_target("tpu:v5e:2x2").topology == "v5e:2x2"
+  assert get_target(t) is t
+  with pytest.raises(ValueError, match="'tpu:<chip>'"):
+    get_target("tpu:v7x")
+  with pytest.raises(ValueError, match="not a known target"):
+    get_target("gpu:h100")
+  with pytest.raises(TypeError, match="`target`"):
+    get_target(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chip", sorted(CHIPS))
+def test_every_chip_compiles_here(chip):
+  t = get_target(f"tpu:{chip}")
+  assert t.devices[0].device_kind == CHIPS[chip].device_kind
+  x = t.place((jax.ShapeDtypeStruct((1024, 1024), jnp.float32),))
+  compiled = jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(*x).compile()
+  assert compiled_memory(compiled).argument_bytes == 4 * 1024 * 1024
+  assert "tpu" in compiled.as_text().lower() or compiled.memory_analysis() is not None
+
+
+def test_place_keeps_target_shardings_and_moves_the_rest():
+  t = get_target("tpu:v5e:2x2")
+  assert len(t.devices) == 4
+  mesh = jax.sharding.Mesh(np.array(t.devices), ("data",))
+  sharded = jax.ShapeDtypeStruct((8, 4), jnp.float32,
+                                 sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+  placed = t.place({"a": sharded, "b": jnp.zeros((3,)), "c": "static"})
+  assert placed["a"].sharding == sharded.sharding
+  assert placed["b"].sharding.device_set == {t.devices[0]}
+  assert placed["c"] == "static"
+
+
+def _tanh_mlp(depth: int = 8, width: int = 256, batch: int = 16384):
+  def loss(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return jnp.sum(x * x)
+
+  def step(ws, x):
+    grads = jax.grad(loss)(ws, x)
+    return [w - 0.1 * g for w, g in zip(ws, grads)]
+
+  shapes = ([jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth,
+            jax.ShapeDtypeStruct((batch, width), jnp.float32))
+  return step, shapes
+
+
+def test_analyze_for_a_target_models_its_compiler():
+  step, shapes = _tanh_mlp()
+  prog = jaxmem.analyze(step, *shapes, target="tpu:v5e")
+  assert (prog.backend, prog.target) == ("tpu", "tpu:v5e")
+  assert prog.peak_bytes > 0
+
+
+@functools.cache
+def _fitted_on_v5e():
+  step, shapes = _tanh_mlp()
+  fitted = jaxmem.fit(0.6, target="tpu:v5e")(step)
+  return step, shapes, fitted, fitted.fit_result(*shapes)
+
+
+def test_fit_for_a_tpu_target_is_verified_on_xla_tpu():
+  step, shapes, fitted, res = _fitted_on_v5e()
+  assert (res.backend, res.target, res.platform) == ("xla", "tpu:v5e", "tpu")
+  assert res.peak_bytes <= res.budget_bytes < res.unplanned_peak_bytes
+  # The fraction is of XLA:TPU's unplanned peak, not of the CPU's or of the estimate.
+  unplanned = compiled_memory(jax.jit(step).lower(*get_target("tpu:v5e").place(shapes)).compile())
+  assert res.unplanned_peak_bytes == unplanned.peak_bytes
+  assert res.budget_bytes == int(0.6 * unplanned.peak_bytes)
+  # TPU plans recompute (see `jaxmem.fit`: XLA:TPU reschedules host copies).
+  assert res.plan.decisions and all(d.action is Action.REMAT for d in res.plan.decisions)
+  compiled = fitted.lower(*shapes).compile()
+  assert compiled_memory(compiled).peak_bytes == res.peak_bytes
+  # No custom call of ours on a TPU (they have no TPU implementation).
+  assert f'custom_call_target="{TARGET_PREFIX}' not in compiled.as_text()
+  assert "verified on:     tpu:v5e (tpu)" in res.summary()
+
+
+def test_a_step_fitted_for_a_tpu_runs_here_with_jit_s_results():
+  step, shapes, fitted, _ = _fitted_on_v5e()
+  keys = jax.random.split(jax.random.PRNGKey(0), len(shapes[0]) + 1)
+  ws = [0.05 * jax.random.normal(k, s.shape) for k, s in zip(keys, shapes[0])]
+  x = jax.random.normal(keys[-1], shapes[1].shape)
+  got, expected = fitted(ws, x), jax.jit(step)(ws, x)
+  for a, b in zip(got, expected):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_ffi_backend_is_refused_for_a_tpu_target():
+  with pytest.raises(ValueError, match="backend='xla'"):
+    jaxmem.fit(0.5, target="tpu:v5e", backend="ffi")
