@@ -8,13 +8,15 @@ from typing import Any
 from jaxmem._src.api.program import analyze
 from jaxmem._src.base.budget import Budget, parse_budget
 from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.estimate.targets import TargetLike, get_target
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import get_planner
 
 
 def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
-         planner: str | Planner | PlainPlanner = "auto", device: DeviceLike = None) -> Plan:
+         planner: str | Planner | PlainPlanner = "auto", device: DeviceLike = None,
+         target: TargetLike = None) -> Plan:
   """Plans ``fun(*args)`` for an estimated peak of ``budget`` (no compile).
 
   Args:
@@ -23,7 +25,9 @@ def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
     budget: int bytes, a string with units, or a fraction of the *estimated*
       peak (``jaxmem.fit`` resolves a fraction against the compiled peak).
     planner: planner name or callable.
-    device: device profile name.
+    device: device profile name (default: the target's).
+    target: the device planned for: ``None`` (local) or an ahead-of-time
+      target such as ``"tpu:v5e"``; the estimate models its compiler.
 
   Returns:
     A :class:`jaxmem.Plan`.
@@ -39,9 +43,11 @@ def plan(fun: Callable[..., Any], *args: Any, budget: Budget,
     True
   """
   spec = parse_budget(budget)
-  program = analyze(fun, *args)
-  target = spec.resolve(program.peak_bytes)
-  return get_planner(planner)(program, target, device)
+  t = get_target(target)
+  program = analyze(fun, *args, target=t)
+  if device is None:
+    device = t.profile
+  return get_planner(planner)(program, spec.resolve(program.peak_bytes), device)
 
 
 __all__ = ["plan"]

@@ -48,6 +48,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
   p.add_argument("--device", default=None, help="device profile for the planner (default: backend)")
   p.add_argument("--compare", action="store_true",
                  help="compile with jax.jit and print the estimated vs the compiled peak")
+  p.add_argument("--target", dest="device_target", default=None, metavar="T",
+                 help="the device the estimate and --compare are for: 'local' (default) or a "
+                      "TPU compiled ahead of time here, e.g. 'tpu:v5e' (needs jax[tpu])")
   p.add_argument("--json", metavar="F", help="write prog.to_json() (schema jaxmem.program/1)")
   p.add_argument("--html", metavar="F", help="write an HTML report")
   p.add_argument("--png", metavar="F", help="write a memory-over-time plot")
@@ -70,6 +73,7 @@ def run_report(args: argparse.Namespace) -> int:
   from jaxmem._src.base.errors import format_bytes  # noqa: PLC0415
   from jaxmem._src.estimate.analysis import analyze_program  # noqa: PLC0415
   from jaxmem._src.estimate.devices import device_profile  # noqa: PLC0415
+  from jaxmem._src.estimate.targets import get_target  # noqa: PLC0415
   from jaxmem._src.ir.trace import check_array_args, trace  # noqa: PLC0415
   from jaxmem._src.plan.perfetto import schedule_trace  # noqa: PLC0415
   from jaxmem._src.planners.registry import get_planner  # noqa: PLC0415
@@ -90,6 +94,11 @@ def run_report(args: argparse.Namespace) -> int:
                     "(e.g. --budget 0.5 --perfetto trace.json).")
   if args.top < 0:
     raise UserError(f"--top must be >= 0, got {args.top}.")
+  try:
+    target = get_target(args.device_target)
+  except (TypeError, ValueError) as e:
+    raise UserError(str(e).replace("`target`", "--target")) from None
+  device = args.device if args.device is not None else target.profile
   planner = None
   if spec is not None:
     try:
@@ -107,7 +116,8 @@ def run_report(args: argparse.Namespace) -> int:
   try:
     with stage("tracing and flattening (jaxmem.analyze)", quiet=quiet):
       check_array_args(step_args, "jaxmem.analyze")
-      traced = trace(step, step_args)
+      step_args = target.place(tuple(step_args))
+      traced = trace(step, step_args, backend=target.platform, target=target.name)
   except TypeError as e:
     if args.traceback or "jaxmem.analyze" not in str(e):
       raise
@@ -132,7 +142,7 @@ def run_report(args: argparse.Namespace) -> int:
       how = f"{budget_bytes} bytes"
     print(f"\nbudget: {format_bytes(budget_bytes)} = {how}", flush=True)
     with stage(f"planning ({args.planner}) for {format_bytes(budget_bytes)}", quiet=quiet):
-      plan = planner(prog, budget_bytes, args.device)
+      plan = planner(prog, budget_bytes, device)
     print(plan.summary(), flush=True)
     if plan.estimated_peak_bytes > budget_bytes:
       over = format_bytes(plan.estimated_peak_bytes - budget_bytes)
@@ -140,7 +150,7 @@ def run_report(args: argparse.Namespace) -> int:
             "nothing more to free at the peak)", flush=True)
 
   if args.compare:
-    with stage("compiling with jax.jit (for --compare)", quiet=quiet):
+    with stage(f"compiling with jax.jit for {target} (for --compare)", quiet=quiet):
       mem = compiled_memory(jax.jit(step).lower(*step_args).compile())
     print(f"\n{compare_program(prog, mem)}", flush=True)
 
@@ -169,7 +179,7 @@ def run_report(args: argparse.Namespace) -> int:
        lambda path: html_report(prog, path, budget_bytes=budget_bytes, plan=plan)),
       ("--png", args.png,
        lambda path: plot_program(prog, path, budget_bytes=budget_bytes, plan=plan)),
-      ("--perfetto", args.perfetto, lambda path: schedule_trace(plan, path, device=args.device)),
+      ("--perfetto", args.perfetto, lambda path: schedule_trace(plan, path, device=device)),
   ]
   for flag, path, fn in writers:
     if path:
