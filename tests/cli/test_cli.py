@@ -401,3 +401,19 @@ def test_unwritable_output_fails_that_flag_only(tmp_path, capsys, user_modules):
   assert rc == 1
   assert f"--html {bad}" in err and f"wrote {bad}" not in out
   assert js.exists() and f"wrote {js}" in out
+
+
+def test_report_for_a_tpu_target(capsys):
+  """`--target tpu:v5e`: the estimate models XLA:TPU and --compare compiles for it."""
+  pytest.importorskip("libtpu")
+  rc = main(["report", "mlp:build", "--kw", "batch_size=32", "--kw", "width=16",
+             "--target", "tpu:v5e", "--compare", "--top", "2", "-q"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert "compiled peak (XLA)" in out
+
+
+def test_report_rejects_an_unknown_target(capsys):
+  rc = main(["report", "mlp:build", "--target", "tpu:v9", "-q"])
+  err = capsys.readouterr().err
+  assert rc == 2 and "--target" in err and "tpu:<chip>" in err
