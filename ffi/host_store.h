@@ -34,7 +34,7 @@
 //
 // The store keys entries by its own handles, not by arena handles: handle
 // validation must survive an arena being replaced, and CUDA builds publish
-// pinned buffers (jaxmem_cuda.cu's PinnedPool), which are not arena memory.
+// pinned buffers (cuda/handlers.cc's PinnedPool), which are not arena memory.
 // The arena handle travels inside the entry's `HostBuffer`.
 //
 // `Clear` also drops the arena (a fresh one of the same configuration is made
@@ -45,7 +45,7 @@
 // memory that a copy in flight still uses.
 //
 // The asynchronous copy engine (copy_engine.h, and the CUDA path in
-// jaxmem_cuda.cu) fills and drains entries outside the store: it takes a
+// cuda/handlers.cc) fills and drains entries outside the store: it takes a
 // `HostBuffer` from `AllocateBuffer`, copies into it on a worker thread or a
 // copy stream, and only then publishes it with `Insert`; a fetch `Remove`s
 // the buffer first (so a second fetch of the handle fails at once) and copies

@@ -2,14 +2,17 @@
 //
 // The `jaxmem._native` Python module: exports the XLA FFI handlers
 // (handlers/handlers.h) as `registrations()` (CPU) and `cuda_registrations()`
-// (CUDA builds; empty otherwise), and adds the bindings of each concept
-// (bindings/bindings.h). Python registers the handlers as FFI targets
+// (CUDA builds once the CUDA runtime has loaded, cuda/cudart_loader.h; empty
+// otherwise), and adds the bindings of each concept (bindings/bindings.h). Python registers the handlers as FFI targets
 // `jaxmem_<name>` (jaxmem/_src/native/extension.py).
 
 #include <type_traits>
 
 #include "bindings/bindings.h"
 #include "handlers/handlers.h"
+#ifdef JAXMEM_WITH_CUDA
+#include "cuda/cudart_loader.h"
+#endif
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -50,6 +53,9 @@ NB_MODULE(_native, m) {
       []() {
         nb::dict registrations;
 #ifdef JAXMEM_WITH_CUDA
+        // Handlers that would call through an empty function table are not
+        // handed out: load the runtime first (cudart_load).
+        if (jaxmem::cudart::Loaded() == nullptr) return registrations;
         registrations["fence"] = EncapsulateFfiHandler(JaxmemCudaFence);
         registrations["offload"] = EncapsulateFfiHandler(JaxmemCudaOffload);
         registrations["fetch"] = EncapsulateFfiHandler(JaxmemCudaFetch);
@@ -64,7 +70,8 @@ NB_MODULE(_native, m) {
         return registrations;
       },
       "Maps handler name -> PyCapsule of its CUDA XLA FFI handler; empty "
-      "unless built with JAXMEM_CUDA=1.");
+      "unless built with the CUDA handlers (WITH_CUDA) and the CUDA runtime "
+      "has loaded (cudart_load; why not: cudart_status()).");
 
 #ifdef JAXMEM_WITH_CUDA
   m.attr("WITH_CUDA") = true;
@@ -77,4 +84,5 @@ NB_MODULE(_native, m) {
   jaxmem::RegisterCopyEngineBindings(m);
   jaxmem::RegisterDsaBindings(m);
   jaxmem::RegisterArenaBindings(m);
+  jaxmem::RegisterCudaBindings(m);
 }

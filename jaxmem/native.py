@@ -13,6 +13,7 @@ Public API of :mod:`jaxmem._src.native` (see :mod:`~jaxmem._src.native.ops`,
 """
 
 from jaxmem._src.native.extension import (
+    CUDA_STATUS,
     HANDLE_DTYPE,
     HANDLE_SHAPE,
     TARGET_PREFIX,
@@ -44,8 +45,9 @@ from jaxmem._src.native.store import (
 )
 
 __all__ = [
-    "HANDLE_DTYPE", "HANDLE_SHAPE", "STORE_MODES", "TARGET_PREFIX", "WITH_CUDA", "CopyStats",
-    "StoreStats", "copy_drain", "copy_stats", "fence", "fetch", "fetch_done", "fetch_start",
-    "handle_id", "offload", "offload_done", "offload_start", "register", "set_copy_cpus",
-    "set_copy_threads", "store_clear", "store_config", "store_configure", "store_stats",
+    "CUDA_STATUS", "HANDLE_DTYPE", "HANDLE_SHAPE", "STORE_MODES", "TARGET_PREFIX", "WITH_CUDA",
+    "CopyStats", "StoreStats", "copy_drain", "copy_stats", "fence", "fetch", "fetch_done",
+    "fetch_start", "handle_id", "offload", "offload_done", "offload_start", "register",
+    "set_copy_cpus", "set_copy_threads", "store_clear", "store_config", "store_configure",
+    "store_stats",
 ]

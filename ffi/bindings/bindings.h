@@ -26,6 +26,11 @@ void RegisterArenaBindings(nanobind::module_& m);
 // dsa_solve, dsa_check, dsa_max_load (dsa_bindings.cc).
 void RegisterDsaBindings(nanobind::module_& m);
 
+// cudart_load, cudart_status, cudart_probe: the CUDA runtime loader
+// (cuda/cudart_loader.h) where the CUDA handlers are built, and stand-ins
+// that say so where they are not (cuda_bindings.cc).
+void RegisterCudaBindings(nanobind::module_& m);
+
 // Raises `status` (not ok) as a Python exception:
 //   InvalidArgument, FailedPrecondition -> ValueError
 //   ResourceExhausted                   -> MemoryError

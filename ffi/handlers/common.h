@@ -1,7 +1,7 @@
 // Copyright 2025 The jaxmem Authors.
 //
 // What the XLA FFI handlers share (CPU: fence.cc, copies.cc, async_copies.cc;
-// CUDA: jaxmem_cuda.cu): the translation of a Status into the error XLA
+// CUDA: cuda/handlers.cc): the translation of a Status into the error XLA
 // sees, which element types they copy, how they name them in messages, and
 // the uint32[2] encoding of handles and tickets.
 

@@ -14,9 +14,10 @@
 //   fetch_start(handle, dep) -> (buf, ticket)  a worker copies host -> buf
 //   fetch_done(buf, ticket, dep) -> buf     aliases buf; waits (after dep)
 //
-// CPU handlers: fence.cc, copies.cc, async_copies.cc. With JAXMEM_CUDA the
-// same targets also exist for the CUDA platform (jaxmem_cuda.cu: copy
-// streams, events, pinned host memory).
+// CPU handlers: fence.cc, copies.cc, async_copies.cc. With JAXMEM_CUDA (on
+// by default on Linux) the same targets also exist for the CUDA platform
+// (cuda/handlers.cc: copy streams, events, pinned host memory), handed out
+// only once the CUDA runtime has loaded (cuda/cudart_loader.h).
 
 #ifndef JAXMEM_FFI_HANDLERS_HANDLERS_H_
 #define JAXMEM_FFI_HANDLERS_HANDLERS_H_
@@ -44,7 +45,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaFetchDone);
 
 namespace jaxmem {
 // Frees pooled pinned host memory and outstanding CUDA tickets; returns the
-// bytes freed (jaxmem_cuda.cu).
+// bytes freed (cuda/handlers.cc); 0 when no CUDA runtime is loaded.
 uint64_t CudaClear();
 }  // namespace jaxmem
 #endif  // JAXMEM_WITH_CUDA

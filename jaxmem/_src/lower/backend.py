@@ -45,7 +45,8 @@ def resolve_backend(backend: BackendChoice | str, platform: str) -> str:
 
   ``"auto"`` picks ``ffi`` on the CPU (XLA:CPU erases barriers and memory
   kinds, ``docs/design.md``), ``xla`` on TPU (custom calls cannot exist there)
-  and on a GPU unless this build of jaxmem has CUDA handlers for its ops.
+  and on a GPU unless jaxmem's CUDA handlers are built and loaded the CUDA
+  runtime (``jaxmem.native.CUDA_STATUS``).
 
   Example:
     >>> resolve_backend("auto", "cpu"), resolve_backend("auto", "tpu")
@@ -54,7 +55,7 @@ def resolve_backend(backend: BackendChoice | str, platform: str) -> str:
   if backend == "auto":
     if platform == "cpu":
       return "ffi"
-    if platform == "gpu" and extension.WITH_CUDA:
+    if platform == "gpu" and extension.CUDA_STATUS.startswith("loaded"):
       return "ffi"
     return "xla"
   if backend not in BACKENDS:

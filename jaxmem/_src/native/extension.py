@@ -3,8 +3,10 @@
 The extension is built by the package's own build (scikit-build-core + CMake +
 nanobind against ``jax.ffi.include_dir()``; sources in ``ffi/``). Its XLA FFI
 targets are registered with XLA for the ``cpu`` platform when this module is
-imported, and for ``CUDA`` too when the extension was built with the CUDA
-toolkit (:data:`WITH_CUDA`). The ops (:mod:`jaxmem._src.native.ops`), the host
+imported, and for ``CUDA`` too when the extension has its CUDA handlers
+(:data:`WITH_CUDA`; plain C++, built by default on Linux), jax has a CUDA
+plugin and the CUDA runtime of jax's CUDA wheels loaded (:data:`CUDA_STATUS`
+says which, or why not). The ops (:mod:`jaxmem._src.native.ops`), the host
 store (:mod:`~jaxmem._src.native.store`), the host arenas
 (:mod:`~jaxmem._src.native.arena`) and the allocation solver
 (:mod:`~jaxmem._src.native.dsa`) are its Python sides.
@@ -21,6 +23,8 @@ from types import ModuleType
 
 import jax
 import jax.numpy as jnp
+
+from jaxmem._src.native import cuda_runtime
 
 
 def _installed_native() -> ModuleType | None:
@@ -71,8 +75,15 @@ HANDLE_SHAPE: tuple[int, ...] = (2,)
 HANDLE_DTYPE = jnp.uint32
 #: FFI target names are ``TARGET_PREFIX + name`` (``jaxmem_fence`` ...).
 TARGET_PREFIX = "jaxmem_"
-#: Whether the extension was built with the CUDA copy-stream handlers.
+#: Whether the extension was built with the CUDA copy-stream handlers (they load
+#: the CUDA runtime at run time: :data:`CUDA_STATUS`).
 WITH_CUDA: bool = bool(getattr(native_module, "WITH_CUDA", False))
+
+#: Whether the CUDA handlers can run here: ``"loaded: <libcudart path> (CUDA runtime
+#: X.Y)"``, or ``"not loaded: <why>"`` (no jax CUDA plugin, no libcudart found, ...),
+#: or ``"not built: ..."``. The CUDA targets are registered only when it starts with
+#: ``"loaded"``.
+CUDA_STATUS: str = cuda_runtime.load(native_module)
 
 
 @functools.cache
@@ -80,8 +91,9 @@ def register() -> None:
   """Registers the native FFI targets with XLA once; idempotent.
 
   CPU always; CUDA as well when the extension has CUDA handlers
-  (:data:`WITH_CUDA`) -- registering for a platform that this jaxlib does not
-  have is skipped, not an error.
+  (:data:`WITH_CUDA`) and the CUDA runtime loaded (:data:`CUDA_STATUS`; until
+  then ``cuda_registrations()`` is empty) -- registering for a platform that
+  this jaxlib does not have is skipped, not an error.
   """
   for name, capsule in native_module.registrations().items():
     jax.ffi.register_ffi_target(TARGET_PREFIX + name, capsule, platform="cpu")
@@ -97,5 +109,5 @@ register()
 
 
 
-__all__ = ["HANDLE_DTYPE", "HANDLE_SHAPE", "TARGET_PREFIX", "WITH_CUDA", "native_module",
-           "register"]
+__all__ = ["CUDA_STATUS", "HANDLE_DTYPE", "HANDLE_SHAPE", "TARGET_PREFIX", "WITH_CUDA",
+           "native_module", "register"]

@@ -18,8 +18,8 @@ Side-effecting custom calls implemented in ``ffi/`` (registered by
 Window-scheduled asynchronous copies (``docs/design.md``, "The native
 extension"; Hayakawa et al., *Out-of-core training for extremely large-scale
 neural networks with adaptive window-based scheduling*, §3), run by worker
-threads of ``ffi/copy_engine.cc`` on the CPU and by copy streams on CUDA builds
-(``JAXMEM_CUDA=1``):
+threads of ``ffi/copy_engine.cc`` on the CPU and by copy streams on CUDA
+(``ffi/cuda/``, where the CUDA runtime loaded: ``CUDA_STATUS``):
 
 * :func:`offload_start` -- ``offload_start(x) -> ticket``: queues a copy of
   ``x`` to host memory and returns at once.

@@ -1,13 +1,20 @@
 // Copyright 2025 The jaxmem Authors.
 //
-// CUDA handlers for jaxmem's custom calls (built with JAXMEM_CUDA=1 only):
-// the same targets and semantics as the CPU handlers in handlers/ and
-// copy_engine.cc, with a dedicated copy stream per device, CUDA events and
-// pinned host memory (docs/design.md, "Native extension"; offload and
-// prefetch on a separate stream as in vDNN: Rhu et al., *Virtualizing Deep
-// Neural Networks for Memory-Efficient Neural Network Design*, §3; the window
-// as in Hayakawa & Narihira, *Out-of-core training for extremely large-scale
-// neural networks with adaptive window-based scheduling*, §3).
+// CUDA handlers for jaxmem's custom calls (built by default on Linux; CMake
+// option JAXMEM_CUDA=OFF leaves them out): the same targets and semantics as
+// the CPU handlers in handlers/ and copy_engine.cc, with a dedicated copy
+// stream per device, CUDA events and pinned host memory (docs/design.md,
+// "Native extension"; offload and prefetch on a separate stream as in vDNN:
+// Rhu et al., *Virtualizing Deep Neural Networks for Memory-Efficient Neural
+// Network Design*, §3; the window as in Hayakawa & Narihira, *Out-of-core
+// training for extremely large-scale neural networks with adaptive
+// window-based scheduling*, §3).
+//
+// Plain C++ with no device code: every CUDA call is a runtime API call through
+// the function table of the libcudart loaded at run time (cudart_api.h,
+// cudart_loader.h), so this file compiles with the host compiler and no CUDA
+// headers, and module.cc hands these handlers to XLA only once a runtime has
+// loaded.
 //
 //   offload_start(x) -> ticket
 //       records `ready` on XLA's compute stream, makes the device's copy
@@ -30,10 +37,10 @@
 // their value to find the entry, so offload_done, fetch_start and fetch
 // read 8 bytes back, which synchronizes the compute stream at that point
 // (the GPU idles for the host's launch latency; the copies themselves stay
-// asynchronous). Nothing here has run on a GPU in this repository's CI: it
-// is compiled (nvcc) where the toolkit is present, not executed.
+// asynchronous). Nothing here has run on a GPU in this repository's CI: it is
+// compiled everywhere, and the runtime loading is tested, not executed on a
+// device.
 
-#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstring>
@@ -43,7 +50,9 @@
 #include <unordered_map>
 #include <utility>
 
+#include "cuda/cudart_api.h"
 #include "handlers/common.h"
+#include "handlers/handlers.h"
 #include "host_store.h"
 #include "ids.h"
 #include "mutex.h"
@@ -55,6 +64,9 @@ namespace ffi = xla::ffi;
 
 namespace jaxmem {
 namespace {
+
+// The runtime API under its CUDA names (cudart_api.h).
+using namespace cudart;  // NOLINT(build/namespaces)
 
 // A failed CUDA call: ResourceExhausted when CUDA ran out of memory (a
 // pinned host allocation, or device memory for an event or a stream),
@@ -311,7 +323,7 @@ Status WriteId(cudaStream_t stream, uint64_t id,
   return Status::Ok();
 }
 
-void CUDART_CB ReleaseHostBuffer(void* data) {
+void ReleaseHostBuffer(void* data) {
   delete static_cast<HostBuffer*>(data);  // -> PinnedPool::Release
 }
 
@@ -559,14 +571,17 @@ ffi::Error FetchDoneImpl(cudaStream_t stream, ffi::AnyBuffer buf,
 }  // namespace
 
 // Frees pooled pinned memory and outstanding CUDA tickets; returns bytes.
+// Without a loaded runtime nothing was ever allocated: 0.
 uint64_t CudaClear() {
+  if (cudart::Loaded() == nullptr) return 0;
   uint64_t freed = Tickets::Global().Clear();
   return freed + PinnedPool::Global().Clear();
 }
 
 }  // namespace jaxmem
 
-using CudaStream = ffi::PlatformStream<cudaStream_t>;
+// XLA passes its stream as a void*; the FFI casts it to this pointer type.
+using CudaStream = ffi::PlatformStream<jaxmem::cudart::cudaStream_t>;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaFence, jaxmem::FenceImpl,
                               ffi::Ffi::Bind()
