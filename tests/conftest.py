@@ -12,7 +12,10 @@ import pathlib
 import sys
 
 # libtpu (installed with the test extras, for the TPU targets compiled ahead
-# of time) looks for TPU hosts when jax starts; there are none here.
+# of time) looks for TPU hosts when jax starts and prints warnings to stderr
+# (which the CLI tests read); the tests run on the CPU and reach the TPU
+# compiler through the targets only.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
