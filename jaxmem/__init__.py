@@ -15,6 +15,7 @@ from jaxmem._src.api.compare import Comparison, compare
 from jaxmem._src.api.fit import FitResult, Fitted, fit
 from jaxmem._src.api.max_batch import MaxBatchResult, max_batch
 from jaxmem._src.api.plan import plan
+from jaxmem._src.api.policy import PolicyExport, policy, residual_actions
 from jaxmem._src.api.program import Program, analyze
 from jaxmem._src.base.budget import BudgetSpec, parse_budget
 from jaxmem._src.base.errors import BudgetError, JaxmemError, format_bytes
@@ -36,10 +37,10 @@ from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 __all__ = [
     "Action", "ArenaStats", "BACKENDS", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
     "Decision", "DeviceProfile", "FitResult", "Fitted", "HostArena", "JaxmemError",
-    "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "Profile", "Program", "Role",
+    "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "PolicyExport", "Profile", "Program", "Role",
     "Schedule", "Simulation", "Target", "VarInfo", "analyze", "compare", "compiled_memory",
     "device_profile", "dsa", "fit", "format_bytes", "get_planner", "get_target", "max_batch", "native",
-    "parse_budget", "plan", "simulate",
+    "parse_budget", "plan", "policy", "residual_actions", "simulate",
 ]
 
 __version__ = "0.1.0"

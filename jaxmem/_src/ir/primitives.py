@@ -174,7 +174,7 @@ def names_where(predicate: Callable[[PrimitiveFacts], bool]) -> frozenset[str]:
 
 # -- the facts ---------------------------------------------------------------------------------
 
-_ELEMENTWISE_CHEAP = """abs add add_any and clamp convert_element_type copy copy_p eq ge gt imag
+_ELEMENTWISE_CHEAP = """abs add add_any and clamp convert_element_type copy copy_p name eq ge gt imag
 integer_pow is_finite le lt max min mul ne neg not or real reduce_precision select_n shift_left
 shift_right_arithmetic shift_right_logical sign square sub xor stop_gradient nextafter
 population_count round floor ceil complex conj mulhi eq_to le_to lt_to""".split()
