@@ -156,3 +156,53 @@ def test_policy_rejects_a_bad_default():
   plan = jaxmem.plan(_step, ws, x, budget=1.0, planner="greedy", device="h100-pcie")
   with pytest.raises(ValueError, match="`default`"):
     jaxmem.policy(plan, default="offload")  # type: ignore[arg-type]
+
+
+def test_the_guide_s_flax_example():
+  """docs/guide.md section 6: tag a flax block, plan, export, `nn.remat(Block, policy=...)`."""
+  import flax.linen as nn
+  import optax
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = checkpoint_name(nn.gelu(nn.Dense(4 * x.shape[-1])(x)), "mlp_hidden")
+      a = checkpoint_name(nn.MultiHeadDotProductAttention(num_heads=4)(x), "attention")
+      return x + a + nn.Dense(x.shape[-1])(h)
+
+  class Model(nn.Module):
+    block: type = Block
+
+    @nn.compact
+    def __call__(self, x):
+      for i in range(3):   # named: the remat-ed model has the same parameter tree
+        x = self.block(name=f"block{i}")(x)
+      return x
+
+  x = jax.random.normal(jax.random.PRNGKey(0), (16, 64, 32))
+
+  def make_step(model):
+    tx = optax.sgd(0.1)
+
+    def step(params, opt_state, x):
+      loss, grads = jax.value_and_grad(lambda p: jnp.mean(model.apply(p, x) ** 2))(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss
+    return step, tx
+
+  step, tx = make_step(Model())
+  params = Model().init(jax.random.PRNGKey(1), x)
+  opt_state = tx.init(params)
+  plan = jaxmem.plan(step, params, opt_state, x, budget=0.4, planner="greedy-remat",
+                     device="h100-pcie")
+  export = jaxmem.policy(plan)
+  assert set(export.names) == {"mlp_hidden", "attention"}
+  assert "recompute" in export.names.values()
+  remat_model = Model(block=nn.remat(Block, policy=export.policy))
+  realized = jaxmem.residual_actions(lambda p: jnp.mean(remat_model.apply(p, x) ** 2), params)
+  assert realized == dict(export.names), export.summary()
+  remat_step, _ = make_step(remat_model)
+  got = jax.jit(remat_step)(params, opt_state, x)
+  want = jax.jit(step)(params, opt_state, x)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -12,7 +12,8 @@ names the model gives its values with
 
 The plan's decisions are per value of the traced step; the export groups them
 by tag. Values the plan keeps are ``Saveable``, recomputed ones ``Recompute``,
-offloaded ones ``Offloadable``. Where instances of one name got different
+offloaded ones ``Offloadable``; a tagged value the backward pass never reads
+is no residual, and gets ``Recompute`` (nothing is saved for it either way). Where instances of one name got different
 decisions (layer 1's activation kept, layer 7's recomputed), one name cannot
 say both: the export takes the decision that covers the most bytes and lists
 the conflict. Decisions on values that carry no name are listed with their
@@ -210,9 +211,17 @@ def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str 
     # A tagged value and its `name` alias are one instance: key by the name op.
     key = v.defined_by if prog.ops[v.defined_by].primitive == "name" else next(
         u for u in v.uses if prog.ops[u].primitive == "name")
+    # Kept: saved if the backward pass reads it; a tag the backward never
+    # reads (a value only summed into the next layer) is no residual, and
+    # "recompute" costs nothing there (JAX saves nothing for it either way).
+    tag_op = prog.ops[key]
+    residual = any(prog.vars[x].role is Role.ACTIVATION
+                   for x in (*tag_op.outputs, *tag_op.input_ids()))
     prev = by_name[name].get(key)
-    if action is not None or prev is None:
-      by_name[name][key] = action or (prev or "save")
+    if action is not None:
+      by_name[name][key] = action
+    elif prev is None:
+      by_name[name][key] = "save" if residual else "recompute"
   tagged = []
   for name, inst in sorted(by_name.items()):
     counts = collections.Counter(inst.values())
