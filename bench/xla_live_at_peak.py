@@ -10,6 +10,12 @@ missing or extra buffer in the model shows as a per-module difference.
 
 Run: ``python bench/xla_live_at_peak.py examples/transformer.py:build --kw batch_size=16``
 
+``--target tpu:v5e`` reads XLA:TPU's dump of the same step compiled ahead of time
+(libtpu honours ``--xla_dump_to``; only buffers in HBM, memory color 0, count:
+VMEM and SMEM are on chip). ``--planner P --budget F`` compiles the step
+planned by ``P`` for ``F`` of the estimated peak (with the target's default
+backend) instead of plain ``jax.jit``, to see what a plan leaves at the peak.
+
 The dump format is XLA's debug output, not an API: this is a diagnosis tool
 for developers, not part of the package.
 """
@@ -28,10 +34,12 @@ import tempfile
 MiB = 2 ** 20
 
 
-def parse_dump(directory: str, module: str = "jit_step") -> dict:
-  """Buffers, live ranges and instructions of one dumped HLO module (XLA:CPU)."""
+def parse_dump(directory: str, module: str = "jit_step", platform: str = "cpu") -> dict:
+  """Buffers, live ranges and instructions of one dumped HLO module (XLA:CPU or XLA:TPU)."""
+  stem = "cpu_after_optimizations" if platform == "cpu" else "cl_*.after_optimizations"
+
   def one(suffix: str) -> str:
-    found = sorted(glob.glob(f"{directory}/*{module}.cpu_after_optimizations{suffix}"))
+    found = sorted(glob.glob(f"{directory}/*{module}.{stem}{suffix}"))
     if not found:
       raise SystemExit(f"no dump of module {module!r} in {directory} (suffix {suffix})")
     return open(found[-1]).read()
@@ -42,7 +50,9 @@ def parse_dump(directory: str, module: str = "jit_step") -> dict:
     m = re.match(r"allocation (\d+): size (\d+), (.*)", line)
     if m:
       text = m.group(3)
-      kind = ("argument" if text.startswith("parameter") else "temp" if "preallocated-temp" in text
+      on_chip = re.search(r"color ([1-9])", text) is not None   # TPU VMEM/SMEM: not HBM
+      kind = ("on-chip" if on_chip else
+              "argument" if text.startswith("parameter") else "temp" if "preallocated-temp" in text
               else "output" if "maybe-live-out" in text else "constant" if text.startswith("constant")
               else "other")
       current = int(m.group(1))
@@ -101,6 +111,11 @@ def main() -> None:
   parser.add_argument("--kw", action="append", default=[], help="factory keyword NAME=VALUE")
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--dump", help="existing dump directory (skip compiling)")
+  parser.add_argument("--target", dest="device_target", default=None,
+                      help="e.g. tpu:v5e (compiled ahead of time)")
+  parser.add_argument("--planner", default=None, help="compile the step planned by this planner")
+  parser.add_argument("--budget", type=float, default=0.5,
+                      help="with --planner: fraction of the estimated peak (default 0.5)")
   args = parser.parse_args()
   if args.dump is None and "XLA_FLAGS" not in os.environ:
     # The dump flag must be set before jax starts: re-run this script with it.
@@ -115,14 +130,27 @@ def main() -> None:
   from jaxmem._src.base.errors import format_bytes
   from jaxmem._src.verify.compiled import compiled_memory
 
+  from jaxmem._src.estimate.targets import get_target
+  from jaxmem._src.lower.backend import jit_plan, resolve_backend
+  target = get_target(args.device_target)
   factory, name = cli.load_factory(args.target)
   kwargs = dict(cli.parse_kw(k) for k in args.kw)
   step, step_args = cli.call_factory(factory, name, kwargs)
   directory = args.dump or os.environ["JAXMEM_DUMP_DIR"]
+  prog = jaxmem.analyze(step, *step_args, target=target)
+  module = "jit_step"
+  if args.planner is not None:
+    plan = jaxmem.get_planner(args.planner)(prog, int(args.budget * prog.peak_bytes),
+                                            target.profile)
+    print(plan.summary())
+    jitted = jit_plan(plan, backend=resolve_backend("auto", target.platform))
+    module = "jit_planned"
+  else:
+    jitted = jax.jit(step)
   if args.dump is None:
-    compiled = jax.jit(step).lower(*step_args).compile()
+    compiled = jitted.lower(*target.place(tuple(step_args))).compile()
     print(f"compiled peak (memory_analysis): {format_bytes(compiled_memory(compiled).peak_bytes)}")
-  dump = parse_dump(directory)
+  dump = parse_dump(directory, module, target.platform)
   at, holders, fixed = live_at_peak(dump)
   temp = sum(v["size"] for v in holders)
   where = dump["sequence"][at] if at < len(dump["sequence"]) else "exit"
@@ -135,7 +163,6 @@ def main() -> None:
     by_module[module_of(meta) or "(no metadata)"] += v["size"]
     by_op[meta.rsplit("/", 1)[-1] or "(no metadata)"] += v["size"]
 
-  prog = jaxmem.analyze(step, *step_args)
   prof = prog.profile
   ours: dict[str, int] = collections.Counter()
   for vid, b in zip(prof.holders, prof.holder_bytes):
@@ -151,6 +178,11 @@ def main() -> None:
   print("\nXLA temp bytes at its peak, by the jaxpr primitive that made them:")
   for op, b in by_op.most_common(args.top):
     print(f"  {op[:46]:46} {format_bytes(b):>11}")
+  print("\nXLA's largest temp buffers at its peak:")
+  for v in sorted(holders, key=lambda v: -v["size"])[:args.top]:
+    ins = dump["instructions"].get(v["name"].split("{")[0], {})
+    print(f"  {format_bytes(v['size']):>11}  {v['name'][:40]:40} {ins.get('op', '?'):14} "
+          f"{v['shape'][:40]:40} {ins.get('meta', '')[-60:]}")
 
 
 if __name__ == "__main__":

@@ -288,3 +288,23 @@ def test_script_trains_under_fit_and_prints_the_verified_peak(tmp_path):
   peak = to_bytes(fitted[1])
   assert peak <= to_bytes(budget[1]) <= 0.6 * to_bytes(unplanned[1]) * 1.001, out
   assert re.search(r"^Plan \(.+\): \d+ decisions", out, re.MULTILINE), out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_xla_form_of_a_plan_runs_like_jit_on_every_example(name):
+  """The `xla` backend's program (barriers, host memory kinds) on the CPU: jit's results, bit for bit.
+
+  XLA:CPU removes the barriers and ignores memory kinds, so the arithmetic is
+  the unplanned step's; what this checks is that the rewrite itself (every
+  equation re-bound, recomputations, copies to host and back) computes the
+  same values. Its memory is verified on a TPU target (tests/verify/test_targets.py).
+  """
+  from jaxmem._src.lower.backend import jit_plan
+  case = CASES[name]
+  step, args = build(case.module, **case.tiny)
+  plan = jaxmem.plan(step, *args, budget=min(case.budget, 0.8), planner="greedy",
+                     device="h100-pcie")
+  if case.budget < 1.0:
+    assert plan.decisions or plan.pinned, plan.summary()
+  got = jit_plan(plan, backend="xla")(*args)
+  assert_same(got, jax.jit(step)(*args), exact=True)
