@@ -10,20 +10,35 @@ import jax.numpy as jnp
 import optax
 
 
-def remat_block(block: Any, remat_policy: str | None, **kw: Any) -> Any:
+def remat_block(block: Any, remat_policy: str | Callable[..., Any] | None, **kw: Any) -> Any:
   """``block`` (a flax module class) under ``nn.remat`` with a JAX policy, or unchanged.
 
   The by-hand baseline users pick today: every block recomputed in the backward
   pass, saving what the policy allows (``"nothing_saveable"``,
-  ``"dots_saveable"``, ``"offload_dot_with_no_batch_dims"``, ...).
+  ``"dots_saveable"``, ``"offload_dot_with_no_batch_dims"``, ...). A callable
+  is a policy itself, such as ``jaxmem.policy(plan).policy``, which decides
+  the values the blocks tag with :func:`tag`.
   """
   if remat_policy is None:
     return block
   import flax.linen as nn
+  if callable(remat_policy):
+    return nn.remat(block, policy=remat_policy, **kw)
   policy = getattr(jax.checkpoint_policies, remat_policy)
   if remat_policy.startswith("offload"):
     policy = policy("device", "pinned_host")
   return nn.remat(block, policy=policy, **kw)
+
+
+def tag(module: Any, x: jax.Array, what: str) -> jax.Array:
+  """``x`` tagged ``"<module name>/<what>"`` with ``checkpoint_name`` (an identity).
+
+  The names a ``jax.checkpoint`` policy decides by (``jaxmem.policy`` exports a
+  plan over them). Blocks are given explicit names in the models (the names
+  flax would pick), so a block keeps its tags and parameters under ``nn.remat``.
+  """
+  from jax.ad_checkpoint import checkpoint_name
+  return checkpoint_name(x, f"{module.name}/{what}")
 
 
 def optax_update(loss_fn: Callable[[Any], jax.Array], tx: Any, params: Any,

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import batchnorm_classifier, remat_block, run_example
+from _common import batchnorm_classifier, remat_block, run_example, tag
 
 STAGES = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
@@ -30,9 +30,9 @@ class BasicBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
-    y = nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(x)
-    y = nn.relu(norm()(y))
-    y = nn.Conv(self.filters, (3, 3), use_bias=False)(y)
+    y = tag(self, nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(x), "conv1")
+    y = tag(self, nn.relu(norm()(y)), "relu1")
+    y = tag(self, nn.Conv(self.filters, (3, 3), use_bias=False)(y), "conv2")
     y = norm(scale_init=nn.initializers.zeros)(y)
     if x.shape != y.shape:
       x = norm()(nn.Conv(self.filters, (1, 1), self.strides, use_bias=False)(x))
@@ -46,9 +46,12 @@ class Bottleneck(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
-    y = nn.relu(norm()(nn.Conv(self.filters, (1, 1), use_bias=False)(x)))
-    y = nn.relu(norm()(nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(y)))
-    y = norm(scale_init=nn.initializers.zeros)(nn.Conv(4 * self.filters, (1, 1), use_bias=False)(y))
+    y = tag(self, nn.Conv(self.filters, (1, 1), use_bias=False)(x), "conv1")
+    y = tag(self, nn.relu(norm()(y)), "relu1")
+    y = tag(self, nn.Conv(self.filters, (3, 3), self.strides, use_bias=False)(y), "conv2")
+    y = tag(self, nn.relu(norm()(y)), "relu2")
+    y = tag(self, nn.Conv(4 * self.filters, (1, 1), use_bias=False)(y), "conv3")
+    y = norm(scale_init=nn.initializers.zeros)(y)
     if x.shape != y.shape:
       x = norm()(nn.Conv(4 * self.filters, (1, 1), self.strides, use_bias=False)(x))
     return nn.relu(x + y)
@@ -60,12 +63,12 @@ class ResNet(nn.Module):
   classes: int = 1000
   small_input: bool = False   # CIFAR-style stem (3x3 conv, no max_pool) for 32x32 images
   stages: tuple[int, ...] | None = None   # blocks per stage (default: STAGES[depth])
-  remat_policy: str | None = None         # per-block nn.remat with this JAX policy (a baseline)
+  remat_policy: Any = None   # per-block nn.remat: a JAX policy name (a baseline) or a policy
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = True) -> jax.Array:
-    block = remat_block(Bottleneck if self.depth >= 50 else BasicBlock, self.remat_policy,
-                        static_argnums=(2,))
+    kind = Bottleneck if self.depth >= 50 else BasicBlock
+    block = remat_block(kind, self.remat_policy, static_argnums=(2,))
     if self.small_input:
       x = nn.Conv(self.width, (3, 3), use_bias=False)(x)
     else:
@@ -73,9 +76,12 @@ class ResNet(nn.Module):
     x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
     if not self.small_input:
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+    k = 0
     for i, n in enumerate(self.stages or STAGES[self.depth]):
       for j in range(n):
-        x = block(self.width * 2 ** i, strides=2 if i > 0 and j == 0 else 1)(x, train)
+        x = block(self.width * 2 ** i, strides=2 if i > 0 and j == 0 else 1,
+                  name=f"{kind.__name__}_{k}")(x, train)
+        k += 1
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.classes)(x)
 

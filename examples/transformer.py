@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import next_token_step, remat_block, run_example
+from _common import next_token_step, remat_block, run_example, tag
 
 
 class DecoderBlock(nn.Module):
@@ -21,10 +21,12 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
-    h = nn.LayerNorm()(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, h, mask=mask)
-    h = nn.LayerNorm()(x)
-    return x + nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(h)))
+    h = tag(self, nn.LayerNorm()(x), "ln1")
+    x = x + tag(self, nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, h, mask=mask),
+                "attention")
+    h = tag(self, nn.LayerNorm()(x), "ln2")
+    hidden = tag(self, nn.Dense(4 * self.dim)(h), "mlp_in")
+    return x + nn.Dense(self.dim)(tag(self, nn.gelu(hidden), "mlp_hidden"))
 
 
 class GPT(nn.Module):
@@ -33,15 +35,17 @@ class GPT(nn.Module):
   heads: int = 4
   layers: int = 4
   max_len: int = 128
-  remat_policy: str | None = None   # per-block nn.remat with this JAX policy (a baseline)
+  # Per-block nn.remat with this JAX policy (a by-hand baseline), or a policy
+  # function such as jaxmem.policy(plan).policy over the blocks' tags.
+  remat_policy: Any = None
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
     block = remat_block(DecoderBlock, self.remat_policy)
     pos = jnp.arange(tokens.shape[1])
     x = nn.Embed(self.vocab, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(pos)
-    for _ in range(self.layers):
-      x = block(self.dim, self.heads)(x)
+    for i in range(self.layers):
+      x = block(self.dim, self.heads, name=f"DecoderBlock_{i}")(x)
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from _common import image_task, remat_block, run_example
+from _common import image_task, remat_block, run_example, tag
 
 
 class DoubleConv(nn.Module):
@@ -28,8 +28,8 @@ class DoubleConv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    x = nn.relu(nn.Conv(self.channels, (3, 3))(x))
-    return nn.relu(nn.Conv(self.channels, (3, 3))(x))
+    x = tag(self, nn.relu(tag(self, nn.Conv(self.channels, (3, 3))(x), "conv1")), "relu1")
+    return nn.relu(tag(self, nn.Conv(self.channels, (3, 3))(x), "conv2"))
 
 
 class Up(nn.Module):
@@ -51,20 +51,21 @@ class UNet(nn.Module):
   width: int = 64                   # channels of the first level (doubled per level)
   classes: int = 21
   upsample: str = "transpose"
-  remat_policy: str | None = None   # per-level nn.remat with this JAX policy (a baseline)
+  remat_policy: Any = None          # per-level nn.remat: a JAX policy name or a policy
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     level = remat_block(DoubleConv, self.remat_policy)
+    names = (f"DoubleConv_{k}" for k in range(2 * self.depth + 1))
     skips = []
     for i in range(self.depth):
-      x = level(self.width * 2 ** i)(x)
+      x = level(self.width * 2 ** i, name=next(names))(x)
       skips.append(x)
       x = nn.max_pool(x, (2, 2), strides=(2, 2))
-    x = level(self.width * 2 ** self.depth)(x)
+    x = level(self.width * 2 ** self.depth, name=next(names))(x)
     for i in reversed(range(self.depth)):
       x = Up(self.width * 2 ** i, self.upsample)(x)
-      x = level(self.width * 2 ** i)(jnp.concatenate([skips[i], x], axis=-1))
+      x = level(self.width * 2 ** i, name=next(names))(jnp.concatenate([skips[i], x], axis=-1))
     return nn.Conv(self.classes, (1, 1))(x)
 
 
