@@ -117,3 +117,16 @@ def test_a_step_fitted_for_a_tpu_runs_here_with_jit_s_results():
 def test_ffi_backend_is_refused_for_a_tpu_target():
   with pytest.raises(ValueError, match="backend='xla'"):
     jaxmem.fit(0.5, target="tpu:v5e", backend="ffi")
+
+
+def test_compare_and_max_batch_for_a_tpu_target():
+  step, shapes = _tanh_mlp(depth=2, width=256, batch=16384)
+  cmp = jaxmem.compare(step, *shapes, verbose=False, target="tpu:v5e")
+  tpu = compiled_memory(jax.jit(step).lower(*get_target("tpu:v5e").place(shapes)).compile())
+  assert cmp.compiled.peak_bytes == tpu.peak_bytes
+
+  def factory(batch):
+    return step, (shapes[0], jax.ShapeDtypeStruct((batch, 256), jnp.float32))
+  res = jaxmem.max_batch(factory, tpu.peak_bytes, planner=None, lo=8192, hi=16384,
+                         target="tpu:v5e")
+  assert res.batch == 16384 and res.peak_bytes == tpu.peak_bytes

@@ -14,6 +14,7 @@ from jaxmem._src.api.program import analyze_step
 from jaxmem._src.base.errors import format_bytes
 from jaxmem._src.estimate import xla_model
 from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.estimate.targets import TargetLike, get_target
 from jaxmem._src.estimate.lifetimes import Profile, profile_from_intervals
 from jaxmem._src.ir.trace import check_array_args
 from jaxmem._src.report.text import stored_broadcasts
@@ -51,13 +52,16 @@ class Comparison:
     return "\n".join(lines)
 
 
-def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True) -> Comparison:
+def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True,
+            target: TargetLike = None) -> Comparison:
   """Compiles ``jax.jit(fun)`` and compares its peak with jaxmem's estimate.
 
   Args:
     fun: the step.
     *args: example arguments.
     verbose: print the comparison.
+    target: the compiler compared with: ``None`` (local) or an ahead-of-time
+      target such as ``"tpu:v5e"`` (the estimate is then made for it too).
 
   Returns:
     A :class:`Comparison`.
@@ -70,8 +74,9 @@ def compare(fun: Callable[..., Any], *args: Any, verbose: bool = True) -> Compar
     True
   """
   check_array_args(args, "jaxmem.compare")
-  program = analyze_step(fun, args)
-  compiled = compiled_memory(jax.jit(fun).lower(*args).compile())
+  t = get_target(target)
+  program = analyze_step(fun, args, target=t)
+  compiled = compiled_memory(jax.jit(fun).lower(*t.place(args)).compile())
   cmp = compare_program(program, compiled)
   if verbose:
     print(cmp)

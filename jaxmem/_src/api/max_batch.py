@@ -22,6 +22,7 @@ from jaxmem._src.api.fit import fit
 from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
 from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.estimate.targets import get_target
 from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import get_planner
 from jaxmem._src.verify.compiled import compiled_memory
@@ -30,7 +31,7 @@ Factory = Callable[[int], tuple[Callable[..., Any], tuple[Any, ...]]]
 
 UNPLANNED = "jit"
 # `jaxmem.fit` options that also mean something to plain `jax.jit`.
-_JIT_KWARGS = ("static_argnums", "donate_argnums")
+_JIT_KWARGS = ("static_argnums", "donate_argnums", "target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,10 @@ def max_batch(factory: Factory, budget: int | str,
     hi: the largest batch size to try (default: no limit).
     verbose: print one progress line per batch size on stderr.
     **fit_kwargs: more keyword arguments for :func:`jaxmem.fit` (e.g.
-      ``compiler_fallback=True``, ``donate_argnums=(0, 1)``). With plain
-      ``jax.jit`` only ``static_argnums`` and ``donate_argnums`` apply.
+      ``compiler_fallback=True``, ``donate_argnums=(0, 1)``, ``target="tpu:v5e"``:
+      the budget is then that chip's, and every batch is compiled for it).
+      With plain ``jax.jit`` only ``static_argnums``, ``donate_argnums`` and
+      ``target`` apply.
 
   Returns:
     A :class:`MaxBatchResult`.
@@ -209,8 +212,9 @@ def max_batch(factory: Factory, budget: int | str,
           budget_bytes=budget_bytes, smallest_bytes=nbytes)
       return None, False
     if label is None:
-      jit_kw = {k: fit_kwargs[k] for k in _JIT_KWARGS if k in fit_kwargs}
-      peak = compiled_memory(jax.jit(step, **jit_kw).lower(*args).compile()).peak_bytes
+      jit_kw = {k: fit_kwargs[k] for k in _JIT_KWARGS if k in fit_kwargs and k != "target"}
+      placed = get_target(fit_kwargs.get("target")).place(args)
+      peak = compiled_memory(jax.jit(step, **jit_kw).lower(*placed).compile()).peak_bytes
       return peak, peak <= budget_bytes
     # Whether a batch fits is all the search needs: no looser-plan rounds
     # unless the caller asks for them.
