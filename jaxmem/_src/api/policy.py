@@ -35,7 +35,8 @@ import jax
 
 from jaxmem._src import _compat
 from jaxmem._src.base.errors import format_bytes
-from jaxmem._src.ir.program import Phase, Role
+from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.ir.program import Op, Phase, Role
 from jaxmem._src.plan.decisions import Action
 from jaxmem._src.plan.plan import Plan
 
@@ -132,19 +133,15 @@ class PolicyExport:
     return "\n".join(lines)
 
 
-def _tag_of(plan: Plan, vid: int) -> str | None:
-  """The ``checkpoint_name`` of a value: made by a ``name`` op, or the operand of one."""
-  prog = plan.program
-  v = prog.vars[vid]
-  if v.defined_by >= 0:
-    op = prog.ops[v.defined_by]
-    if op.primitive == "name":
-      return str(op.eqn.params["name"])
-  for u in v.uses:
-    op = prog.ops[u]
-    if op.primitive == "name":
-      return str(op.eqn.params["name"])
-  return None
+def _tag_op(program: AnalyzedProgram, vid: int) -> Op | None:
+  """The ``name`` op that tags a value: the one that made it, or one that reads it.
+
+  A tagged value and its ``name`` alias are one instance of the tag, and this
+  op identifies it.
+  """
+  v = program.vars[vid]
+  ops = ([v.defined_by] if v.defined_by >= 0 else []) + list(v.uses)
+  return next((program.ops[k] for k in ops if program.ops[k].primitive == "name"), None)
 
 
 def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str = "device",
@@ -193,9 +190,9 @@ def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str 
   for v in prog.vars:
     if v.is_input or v.defined_by < 0 or prog.ops[v.defined_by].phase is not Phase.FORWARD:
       continue
-    name = _tag_of(plan, v.id)
+    tag_op = _tag_op(prog, v.id)
     action = decided.get(v.id)
-    if name is None:
+    if tag_op is None:
       # Untagged values get `default`: listed where the plan wants otherwise --
       # a decision that is not the default, or (default "recompute") a
       # residual the plan keeps that XLA stores (a fused one is never saved).
@@ -208,13 +205,10 @@ def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str 
         untagged.append(UntaggedDecision(action, v.source, v.type_str, v.nbytes,
                                          f"{module}.{op.primitive}" if op.module else module))
       continue
-    # A tagged value and its `name` alias are one instance: key by the name op.
-    key = v.defined_by if prog.ops[v.defined_by].primitive == "name" else next(
-        u for u in v.uses if prog.ops[u].primitive == "name")
+    name, key = str(tag_op.eqn.params["name"]), tag_op.index
     # Kept: saved if the backward pass reads it; a tag the backward never
     # reads (a value only summed into the next layer) is no residual, and
     # "recompute" costs nothing there (JAX saves nothing for it either way).
-    tag_op = prog.ops[key]
     residual = any(prog.vars[x].role is Role.ACTIVATION
                    for x in (*tag_op.outputs, *tag_op.input_ids()))
     prev = by_name[name].get(key)
