@@ -247,6 +247,12 @@ def fmt_ratio(r: dict[str, Any], key: str) -> str:
   return f"{r[key]:.2f}" if key in r else "-"
 
 
+def refused(r: dict[str, Any]) -> str:
+  """The peak cell of a fit that raised `BudgetError`: the smallest peak it reached."""
+  frac = f" ({r['smallest'] / r['unplanned_peak']:.2f} of jit)" if "unplanned_peak" in r else ""
+  return f"`BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac}"
+
+
 HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit | budget MiB "
         "| within | rounds | planning s | planner: remat / offload |")
 
@@ -256,9 +262,7 @@ def table(rows: list[dict[str, Any]]) -> str:
   for r in rows:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
-      frac = (f" ({r['smallest'] / r['unplanned_peak']:.2f} of jit)"
-              if "unplanned_peak" in r else "")
-      lines.append(head + f"| `BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac} "
+      lines.append(head + f"| {refused(r)} "
                    f"| - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} | - |")
       continue
     if r["status"] != "ok":
@@ -346,9 +350,7 @@ def readme_excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
   for r in rows:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
-      frac = (f" ({r['smallest'] / r['unplanned_peak']:.2f} of jit)"
-              if "unplanned_peak" in r else "")
-      lines.append(head + f"| `BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac} "
+      lines.append(head + f"| {refused(r)} "
                    f"| | | | budget {mib(r['budget'])} MiB, {r['planning_s']:.0f} s |")
     elif r["status"] != "ok":
       lines.append(head + "| error (see `bench/results/tpu.md`) | | | | |")
