@@ -9,6 +9,7 @@ from typing import Any
 
 from jaxmem._src.estimate.analysis import AnalyzedProgram, analyze_program
 from jaxmem._src.estimate.targets import TargetLike, get_target
+from jaxmem._src.ir.program import Program as TracedProgram
 from jaxmem._src.ir.trace import check_array_args, trace
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.report import json_doc, text
@@ -64,10 +65,20 @@ def analyze_step(fun: Callable[..., Any], args: Sequence[Any], *,
                  donate_argnums: Sequence[int] = (),
                  arg_names: Sequence[str] | None = None, target: TargetLike = None) -> Program:
   """Trace and estimate: the :class:`Program` of ``fun(*args)`` for ``target``."""
+  return Program.of(analyze_program(trace_for(fun, args, target, donate_argnums=donate_argnums,
+                                              arg_names=arg_names)))
+
+
+def trace_for(fun: Callable[..., Any], args: Sequence[Any], target: TargetLike = None, *,
+              donate_argnums: Sequence[int] = (),
+              arg_names: Sequence[str] | None = None) -> TracedProgram:
+  """The traced program of ``fun(*args)`` with its arguments on ``target``'s devices.
+
+  The estimate made from it models that target's compiler (its ``backend``).
+  """
   t = get_target(target)
-  return Program.of(analyze_program(trace(fun, t.place(tuple(args)), donate_argnums=donate_argnums,
-                                          arg_names=arg_names, backend=t.platform,
-                                          target=t.name)))
+  return trace(fun, t.place(tuple(args)), donate_argnums=donate_argnums, arg_names=arg_names,
+               backend=t.platform, target=t.name)
 
 
 def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[int] = (),
@@ -104,4 +115,4 @@ def analyze(fun: Callable[..., Any], *args: Any, donate_argnums: int | Sequence[
                       target=target)
 
 
-__all__ = ["Program", "analyze", "analyze_step"]
+__all__ = ["Program", "analyze", "analyze_step", "trace_for"]

@@ -68,13 +68,13 @@ def run_report(args: argparse.Namespace) -> int:
   import jax  # noqa: PLC0415
 
   from jaxmem._src.api.compare import compare_program  # noqa: PLC0415
-  from jaxmem._src.api.program import Program  # noqa: PLC0415
+  from jaxmem._src.api.program import Program, trace_for  # noqa: PLC0415
   from jaxmem._src.base.budget import parse_budget  # noqa: PLC0415
   from jaxmem._src.base.errors import format_bytes  # noqa: PLC0415
   from jaxmem._src.estimate.analysis import analyze_program  # noqa: PLC0415
   from jaxmem._src.estimate.devices import device_profile  # noqa: PLC0415
   from jaxmem._src.estimate.targets import get_target  # noqa: PLC0415
-  from jaxmem._src.ir.trace import check_array_args, trace  # noqa: PLC0415
+  from jaxmem._src.ir.trace import check_array_args  # noqa: PLC0415
   from jaxmem._src.plan.perfetto import schedule_trace  # noqa: PLC0415
   from jaxmem._src.planners.registry import get_planner  # noqa: PLC0415
   from jaxmem._src.report.html_page import html_report  # noqa: PLC0415
@@ -116,8 +116,8 @@ def run_report(args: argparse.Namespace) -> int:
   try:
     with stage("tracing and flattening (jaxmem.analyze)", quiet=quiet):
       check_array_args(step_args, "jaxmem.analyze")
+      traced = trace_for(step, step_args, target)
       step_args = target.place(tuple(step_args))
-      traced = trace(step, step_args, backend=target.platform, target=target.name)
   except TypeError as e:
     if args.traceback or "jaxmem.analyze" not in str(e):
       raise
