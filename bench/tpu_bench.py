@@ -13,6 +13,8 @@ UNet from examples/), each of
   (offloaded to ``pinned_host``),
 * ``jaxmem.fit(0.5, target="tpu:v5e")`` and ``jaxmem.fit(0.3, target="tpu:v5e")``
 
+(every one with the step's state donated, ``donate_argnums``, as training loops do)
+
 gives one row: the compiled peak (``argument + output + temp - alias`` of
 ``memory_analysis()``), its fraction of the unplanned peak, the host bytes
 (``host_temp_size_in_bytes``), the compiled FLOPs (``cost_analysis()["flops"]``)
@@ -75,26 +77,29 @@ class Model:
   kwargs: dict[str, Any]   # full size: unplanned TPU v5e compiled peak >= 1 GiB
   quick: dict[str, Any]    # --quick: small, for a smoke check
   label: str               # what the size is, for the tables
+  donate: tuple[int, ...]  # the step's state arguments (parameters, statistics, optimizer state)
 
 
 # Sizes whose unplanned compiled peak on a TPU v5e passes 1 GiB with little to
 # spare (each compile is 1-3 minutes on 2 cores; the batch barely changes that).
-# Measured on the way: GPT batch 64 506 MiB, ResNet-50 batch 8 992 MiB, UNet
-# 256x256 batch 1 954 MiB, batch 2 1487 MiB. The original UNet trained on one
-# large tile per step. --quick sizes: XLA:TPU keeps small temporaries out of
+# Every step donates its state (parameters, statistics, optimizer state) as a
+# training loop does: the new state then takes the old one's buffers.
+# Measured on the way (without donation): GPT batch 64 506 MiB, ResNet-50
+# batch 8 992 MiB, UNet 256x256 batch 1 954 MiB, 320x320 batch 1 1252 MiB
+# (896 MiB donated), batch 2 1487 MiB. --quick sizes: XLA:TPU keeps small temporaries out of
 # its HBM figures (a GPT of batch 32, seq 128 compiles to 0 temp bytes), so
 # they stay large enough to leave a plan something to do.
 MODELS = {
     "gpt": Model("transformer", dict(batch_size=128, seq_len=256, dim=128, heads=4, layers=4),
                  dict(batch_size=64, seq_len=256, dim=128, heads=4, layers=2),
-                 "GPT 4x128, seq 256, batch 128"),
+                 "GPT 4x128, seq 256, batch 128", (0, 1)),
     "resnet50": Model("resnet", dict(batch_size=10, depth=50, image_size=224, abstract=True),
                       dict(batch_size=64, depth=50, image_size=64, width=16, classes=10,
                            stages=(1, 1, 1, 1), abstract=True),
-                      "ResNet-50, 224x224, batch 10"),
-    "unet": Model("unet", dict(batch_size=1, image_size=320, abstract=True),
+                      "ResNet-50, 224x224, batch 10", (0, 1, 2)),
+    "unet": Model("unet", dict(batch_size=2, image_size=320, abstract=True),
                   dict(batch_size=8, image_size=128, depth=3, width=16, abstract=True),
-                  "UNet 4 levels x 64, 320x320, batch 1"),
+                  "UNet 4 levels x 64, 320x320, batch 2", (0, 1)),
 }
 
 T0 = time.perf_counter()
@@ -139,7 +144,7 @@ def build(model: Model, quick: bool, remat_policy: str | None = None) -> tuple[A
 def compile_baseline(model: Model, quick: bool, target: Any, policy: str | None) -> dict[str, Any]:
   step, args = build(model, quick, policy)
   t = time.perf_counter()
-  compiled = jax.jit(step).lower(*target.place(args)).compile()
+  compiled = jax.jit(step, donate_argnums=model.donate).lower(*target.place(args)).compile()
   return dict(measure(compiled), compile_s=time.perf_counter() - t)
 
 
@@ -150,7 +155,7 @@ def fitted_compiled(fitted: Any, args: Any) -> Any:
 
 def run_fit(model: Model, quick: bool, frac: float) -> dict[str, Any]:
   step, args = build(model, quick)
-  fitted = jaxmem.fit(frac, target=TARGET)(step)
+  fitted = jaxmem.fit(frac, target=TARGET, donate_argnums=model.donate)(step)
   t = time.perf_counter()
   try:
     res = fitted.fit_result(*args)
@@ -324,7 +329,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "",
       f"`{command(meta)}` ({meta_line(meta)}).",
       "",
-      f"Models: {sizes(rows)}. Peak = argument + output + temp - alias bytes of the compiled "
+      f"Models: {sizes(rows)}; every step donates its state (parameters, statistics, "
+      "optimizer state: `donate_argnums`), as a training loop does. "
+      "Peak = argument + output + temp - alias bytes of the compiled "
       "program's `memory_analysis()`; host = its `host_temp_size_in_bytes`; GFLOP = "
       "`cost_analysis()[\"flops\"]` / 1e9. `policy:` rows apply JAX's "
       "`jax.checkpoint_policies` by hand to every block (`nn.remat`; `offload_*` to "

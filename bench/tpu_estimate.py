@@ -72,37 +72,57 @@ MODELS = [
     ("cnn max_pool, batch 256", example("cnn", batch_size=256)),
 ]
 
+# Models never looked at while the TPU model (tiling, on-chip memory) was
+# built: how it does on them is the honest figure.
+HELD_OUT = [
+    ("lstm 2x512, batch 64, seq 128", example("lstm", batch_size=64, seq_len=128)),
+    ("vgg-16 x0.5, 64x64, batch 32", example("vgg", batch_size=32, image_size=64, width=0.5,
+                                            classes=10, head=512)),
+    ("densenet-121, 64x64, batch 16", example("densenet", batch_size=16, image_size=64,
+                                             classes=10)),
+    ("nnx cnn, 32x32, batch 256", example("nnx_cnn", batch_size=256)),
+    ("nnx mlp 8x512, batch 8192", example("nnx_mlp", batch_size=8192)),
+]
+
 
 def main() -> None:
   target = get_target("tpu:v5e")
   rows = []
   t_all = time.perf_counter()
-  for label, make in MODELS:
+  for held_out, (label, make) in [*((False, m) for m in MODELS), *((True, m) for m in HELD_OUT)]:
     t = time.perf_counter()
     step, args = make()
     prog = jaxmem.analyze(step, *args, target=target)
     mem = compiled_memory(jax.jit(step).lower(*target.place(tuple(args))).compile())
     err = prog.peak_bytes / mem.peak_bytes - 1
     rows.append(dict(model=label, estimate_bytes=prog.peak_bytes, compiled_bytes=mem.peak_bytes,
-                     temp_bytes=mem.temp_bytes, error=err))
+                     temp_bytes=mem.temp_bytes, error=err, held_out=held_out))
     print(f"[{time.perf_counter() - t_all:7.1f}s] {label}: estimate {prog.peak_bytes / MiB:.1f} "
           f"MiB, XLA:TPU {mem.peak_bytes / MiB:.1f} MiB ({err:+.1%}), {time.perf_counter() - t:.1f} s",
           flush=True)
-  within = sum(abs(r["error"]) <= 0.15 for r in rows)
+  def within(rs: list[dict]) -> str:
+    return f"{sum(abs(r['error']) <= 0.15 for r in rs)} of {len(rs)}"
+  seen = [r for r in rows if not r["held_out"]]
+  held = [r for r in rows if r["held_out"]]
   lines = [
       "# jaxmem's estimate for a TPU v5e target vs XLA:TPU's compiled peak",
       "",
       f"`python bench/tpu_estimate.py` (jax {jax.__version__}, libtpu "
       f"{__import__('libtpu').__version__ if hasattr(__import__('libtpu'), '__version__') else '?'}"
       f", {time.strftime('%Y-%m-%d %H:%M')}; compiled ahead of time on a CPU-only machine): "
-      f"{within} of {len(rows)} estimates within ±15% of the compiled peak. The estimate models "
-      "XLA:CPU's fusion with its CPU-only rules off; XLA:TPU is not modelled yet.",
+      f"estimates within ±15% of the compiled peak: {within(seen)} models the TPU model was "
+      f"built on, {within(held)} held-out models. The TPU model: XLA:CPU's fusion with its "
+      "CPU-only rules off, XLA:TPU's tiled layouts (`jaxmem/_src/ir/tiling.py`) and up to the "
+      "chip's on-chip memory of temporaries kept off the HBM peak "
+      "(`jaxmem/_src/estimate/targets.py`, `ON_CHIP_MIB`). XLA:TPU's own fusion (it saves "
+      "attention probabilities, not softmax intermediates) is not modelled.",
       "",
-      "| model | estimate | XLA:TPU peak | of which temp | error |",
-      "|---|---|---|---|---|",
+      "| model | set | estimate | XLA:TPU peak | of which temp | error |",
+      "|---|---|---|---|---|---|",
   ]
   for r in rows:
-    lines.append(f"| {r['model']} | {r['estimate_bytes'] / MiB:.1f} MiB | "
+    lines.append(f"| {r['model']} | {'held out' if r['held_out'] else 'built on'} | "
+                 f"{r['estimate_bytes'] / MiB:.1f} MiB | "
                  f"{r['compiled_bytes'] / MiB:.1f} MiB | {r['temp_bytes'] / MiB:.1f} MiB | "
                  f"{r['error']:+.1%} |")
   out = ROOT / "bench" / "results"

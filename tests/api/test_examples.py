@@ -99,12 +99,33 @@ def build(module: str, **kw: Any) -> tuple[Any, tuple[Any, ...]]:
     return box["step"], args
 
 
-def assert_same(got: Any, want: Any, exact: bool) -> None:
+def noise_gradient_leaves(state: Any) -> frozenset[str]:
+  """Parameter paths (below ``['params']``) whose Adam first moment is float noise.
+
+  A parameter the loss does not depend on (an attention key's bias: softmax
+  ignores a shift shared by all keys) gets a gradient of rounding noise, and
+  Adam divides that noise by its own square root: its update has any sign,
+  however small the noise. Such a leaf cannot be compared across programs
+  whose sums are reordered, only checked to be finite.
+  """
+  out = set()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    key = jax.tree_util.keystr(path)
+    if ".mu[" in key and "['params']" in key and float(np.max(np.abs(leaf), initial=0)) < 1e-7:
+      out.add(key[key.index("['params']"):])
+  return frozenset(out)
+
+
+def assert_same(got: Any, want: Any, exact: bool, noise: frozenset[str] = frozenset()) -> None:
   lg, tg = jax.tree_util.tree_flatten(got)
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
   lw, tw = jax.tree_util.tree_flatten(want)
   assert tg == tw
-  for x, y in zip(lg, lw):
+  for x, y, path in zip(lg, lw, paths):
     x, y = np.asarray(x), np.asarray(y)
+    if not exact and any(path.endswith(n) for n in noise):
+      assert x.shape == y.shape and np.all(np.isfinite(x)), path
+      continue
     if exact:
       np.testing.assert_array_equal(x, y)
     else:
@@ -132,10 +153,11 @@ def test_tiny_step_fits_its_budget_and_trains_like_jit(name):
   # Two steps, the state fed back as run_example does (updated state first, loss last).
   ref = jax.jit(step)
   got_args = want_args = args
+  noise = noise_gradient_leaves(ref(*args)[:-1])
   for _ in range(2):
     *got_state, got_loss = fitted(*got_args)
     *want_state, want_loss = ref(*want_args)
-    assert_same((got_state, got_loss), (want_state, want_loss), case.exact)
+    assert_same((got_state, got_loss), (want_state, want_loss), case.exact, noise)
     assert np.shape(got_loss) == () and np.isfinite(got_loss)
     got_args = (*got_state, *args[len(got_state):])
     want_args = (*want_state, *args[len(want_state):])

@@ -42,6 +42,30 @@ def test_forward_cuts_are_layer_boundaries(chain):
     assert len(crossing) >= 1
 
 
+def skip_loss(w, x, depth=5):
+  skip = jnp.tanh(x @ w)
+  h = skip
+  for _ in range(depth):
+    h = jnp.tanh(h @ w) * 1.5
+  return jnp.sum((h + skip) ** 2)
+
+
+def test_a_long_skip_does_not_stop_the_cuts():
+  """A UNet-like skip crosses every layer boundary; it is part of the checkpoint, not a reason to skip the cut."""
+  w = jax.random.normal(jax.random.PRNGKey(0), (128, 128)) / 12
+  x = jax.random.normal(jax.random.PRNGKey(1), (512, 128))
+  prog = jaxmem.analyze(jax.grad(skip_loss), w, x)
+  cuts = segments_mod.forward_cuts(prog)
+  last_fwd = max(op.index for op in prog.ops if op.phase.name == "FORWARD")
+  skip = next(v for v in prog.vars if v.nbytes == 512 * 128 * 4 and not v.is_input
+              and prog.ops[v.defined_by].primitive == "tanh")
+  spanned = [p for p in cuts if skip.defined_by < p < max(u for u in skip.uses if u <= last_fwd)]
+  assert len(spanned) >= 3, (cuts, skip.defined_by)
+  # Recomputing the segments between the cuts fits a budget the skip alone would not stop.
+  plan = segments_mod.segments(prog, int(0.6 * prog.peak_bytes), "h100-pcie", fill=False)
+  assert plan.num_remat >= 3
+
+
 def test_restores_at_one_point_recompute_their_chains_once(chain):
   """Remats restored before the same op share their recomputation."""
   import dataclasses

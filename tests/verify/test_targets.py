@@ -80,6 +80,23 @@ def test_analyze_for_a_target_models_its_compiler():
   assert prog.peak_bytes > 0
 
 
+def test_the_tpu_estimate_counts_tiles_and_on_chip_memory():
+  # 8 layers of 256, batch 16384 (16 MiB activations): XLA:TPU v5e keeps up to
+  # its 112 MiB of VMEM of temporaries off the HBM peak. The estimate with
+  # the chip's tiles and on-chip memory is within 15% of the compiled peak
+  # (measured 52.0 against 52.3 MiB; the CPU's model of the same step: 164 MiB).
+  step, shapes = _tanh_mlp()
+  prog = jaxmem.analyze(step, *shapes, target="tpu:v5e")
+  tpu = compiled_memory(jax.jit(step).lower(*get_target("tpu:v5e").place(shapes)).compile())
+  assert abs(prog.peak_bytes / tpu.peak_bytes - 1) <= 0.15
+  cpu = jaxmem.analyze(step, *shapes)
+  assert cpu.peak_bytes > 2 * prog.peak_bytes
+  # A 10x10 array takes a whole tile of 8x128 words, rounded up to 16 rows.
+  small = jaxmem.analyze(lambda x: jnp.tanh(x).sum(), jax.ShapeDtypeStruct((10, 10), jnp.float32),
+                         target="tpu:v5e")
+  assert small.vars[small.invars[0]].nbytes == 16 * 128 * 4
+
+
 @functools.cache
 def _fitted_on_v5e():
   step, shapes = _tanh_mlp()

@@ -364,7 +364,10 @@ class Fitted:
         if found is not None:
           break
     else:
-      attempt(0, {})
+      # No plan can fit: the most aggressive plan of each planner gives the
+      # smallest peak the error reports.
+      for planner in (None, *self._fallback_planners()):
+        attempt(0, {}, planner)
     if found is None:
       best = min(tried, key=lambda t: t.memory.peak_bytes)
       hint = ("" if self.compiler_fallback or target.platform != "cpu" else

@@ -144,6 +144,25 @@ def _tag_op(program: AnalyzedProgram, vid: int) -> Op | None:
   return next((program.ops[k] for k in ops if program.ops[k].primitive == "name"), None)
 
 
+def _fused_from_tag(program: AnalyzedProgram, vid: int) -> bool:
+  """Is ``vid`` a fused (virtual) value XLA computes from a tagged value in its consumers?"""
+  virtual = program.profile.virtual
+  if virtual is None or not virtual[vid]:
+    return False
+  stack, seen = [vid], set()
+  while stack:
+    x = stack.pop()
+    if x in seen or program.vars[x].defined_by < 0:
+      continue
+    seen.add(x)
+    for y in program.ops[program.vars[x].defined_by].input_ids():
+      if _tag_op(program, y) is not None:
+        return True
+      if virtual[y]:
+        stack.append(y)
+  return False
+
+
 def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str = "device",
            offload_dst: str = "pinned_host") -> PolicyExport:
   """Exports ``plan`` as a ``jax.checkpoint`` policy over the step's ``checkpoint_name`` tags.
@@ -192,6 +211,11 @@ def policy(plan: Plan, *, default: PolicyAction = "recompute", offload_src: str 
       continue
     tag_op = _tag_op(prog, v.id)
     action = decided.get(v.id)
+    if tag_op is None and action is not None and _fused_from_tag(prog, v.id):
+      # XLA stores no buffer for a fused value (`1 - t*t` of a tanh's JVP); the
+      # buffer the plan's decision acts on is its tagged source's, whose tag
+      # the policy decides (JAX recomputes the fused value from it).
+      continue
     if tag_op is None:
       # Untagged values get `default`: listed where the plan wants otherwise --
       # a decision that is not the default, or (default "recompute") a

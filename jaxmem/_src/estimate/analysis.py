@@ -121,7 +121,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       hoist_to_start=hoisted,
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
                     for op, m in zip(program.ops, memory)],
-      movable=movable, cse_keys=keys)
+      movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program))
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

@@ -89,6 +89,10 @@ class Flow:
     movable: per step, XLA may run it as soon as its inputs exist
       (:func:`~jaxmem._src.estimate.xla_model.movable_ops`).
     cse_keys: per step, its key for XLA's CSE (None: never merged).
+    on_chip: bytes of temporaries the compiler may keep in on-chip memory
+      instead of device memory (a TPU's VMEM): at every position, live
+      temporaries up to this many bytes are not counted. Arguments, outputs
+      and constants always count.
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -104,6 +108,7 @@ class Flow:
   shared_reads: Sequence[Sequence[tuple[int, int]]] = ()
   movable: Sequence[bool] | None = None
   cse_keys: Sequence[CseKey | None] | None = None
+  on_chip: int = 0
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -167,6 +172,26 @@ def _positions(flow: Flow) -> list[int]:
     if flow.movable[s]:
       pos[s] = max([pos[made_at[x]] for x in flow.step_inputs[s] if x in made_at], default=0)
   return pos
+
+
+def _off_chip(prof: Profile, fixed: np.ndarray, on_chip: int, starts: Sequence[int],
+              ends: Sequence[int], sizes: Sequence[int]) -> Profile:
+  """``prof`` with up to ``on_chip`` bytes of live temporaries moved off the device-memory count.
+
+  ``fixed`` is the live bytes of what stays in device memory for the whole
+  step (arguments, outputs, constants); the peak and its holders move to the
+  position where the rest, less the on-chip bytes, is largest.
+  """
+  live = prof.live_bytes
+  hbm = fixed + np.maximum(0, live - fixed - on_chip)
+  peak_index = int(np.argmax(hbm)) if len(hbm) else 0
+  peak = int(hbm[peak_index]) if len(hbm) else 0
+  s, e, b = (np.asarray(x, dtype=np.int64) for x in (starts, ends, sizes))
+  at_peak = np.nonzero((s <= peak_index) & (e >= peak_index) & (b > 0))[0]
+  order = at_peak[np.argsort(-b[at_peak], kind="stable")]
+  return dataclasses.replace(prof, live_bytes=hbm, peak_bytes=peak, peak_index=peak_index,
+                             holders=tuple(int(i) for i in order),
+                             holder_bytes=tuple(int(b[i]) for i in order))
 
 
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
@@ -235,6 +260,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   for s, t in enumerate(flow.transient):
     transient[pos[s]] += t
   prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
+  if flow.on_chip > 0:
+    fixed = [sizes[i] if i < len(ids) and ids[i] in flow.materialized else 0
+             for i in range(len(sizes))]
+    prof = _off_chip(prof, profile_from_intervals(flow.num_steps + 1, starts, ends, fixed).live_bytes,
+                     flow.on_chip, starts, ends, sizes)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
   for v, keep in merged.items():      # stored by the value it was merged into
     start[v], end[v] = start[keep], end[keep]

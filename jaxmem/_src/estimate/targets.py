@@ -40,6 +40,8 @@ class Chip:
     multi_bounds: ``chips_per_host_bounds`` of multi-chip slices.
     device_kind: what ``jax.Device.device_kind`` says on that chip.
     profile: the :data:`~jaxmem._src.estimate.devices.PROFILES` entry that prices it.
+    on_chip_bytes: on-chip memory XLA sets aside for temporaries, outside the
+      HBM that ``memory_analysis()`` counts (see :data:`ON_CHIP_MIB`).
   """
   name: str
   topology: str
@@ -47,6 +49,28 @@ class Chip:
   multi_bounds: tuple[int, int, int]
   device_kind: str
   profile: str
+
+  @property
+  def on_chip_bytes(self) -> int:
+    return ON_CHIP_MIB.get(self.name, 0) * 2 ** 20
+
+
+#: On-chip memory XLA:TPU allocates for temporaries (a ``preallocated-temp``
+#: allocation of memory color 1, VMEM, or on v4 color 3) in the buffer
+#: assignment of a tanh MLP step (8 layers of 512, batch 8192; libtpu
+#: 0.0.42.1). Buffers placed there for part of their life do not count in the
+#: HBM peak; how much of it relieves the HBM peak varies (on a 16-layer MLP of
+#: width 1024 the v6e kept its HBM temporaries as large as without it), which
+#: ``bench/tpu_estimate.py`` measures.
+ON_CHIP_MIB: Mapping[str, int] = MappingProxyType({"v5e": 112, "v6e": 95, "v5p": 45, "v4": 64})
+
+
+def on_chip_bytes(target: str) -> int:
+  """:attr:`Chip.on_chip_bytes` of the chip a target string names (0 for ``local``)."""
+  parts = target.split(":")
+  if len(parts) < 2 or parts[0] != "tpu" or parts[1] not in CHIPS:
+    return 0
+  return CHIPS[parts[1]].on_chip_bytes
 
 
 #: TPU chips compiled for here (jax 0.10.2 + libtpu 0.0.42.1, all checked by
@@ -174,4 +198,4 @@ def _topology_devices(chip: str, topology: str) -> tuple[Any, ...]:
         "your jax).") from e
 
 
-__all__ = ["CHIPS", "Chip", "Target", "TargetLike", "get_target"]
+__all__ = ["CHIPS", "Chip", "ON_CHIP_MIB", "Target", "TargetLike", "get_target", "on_chip_bytes"]

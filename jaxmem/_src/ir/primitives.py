@@ -174,7 +174,7 @@ def names_where(predicate: Callable[[PrimitiveFacts], bool]) -> frozenset[str]:
 
 # -- the facts ---------------------------------------------------------------------------------
 
-_ELEMENTWISE_CHEAP = """abs add add_any and clamp convert_element_type copy copy_p name eq ge gt imag
+_ELEMENTWISE_CHEAP = """abs add add_any and clamp convert_element_type copy copy_p eq ge gt imag
 integer_pow is_finite le lt max min mul ne neg not or real reduce_precision select_n shift_left
 shift_right_arithmetic shift_right_logical sign square sub xor stop_gradient nextafter
 population_count round floor ceil complex conj mulhi eq_to le_to lt_to""".split()
@@ -186,8 +186,9 @@ regularized_incomplete_beta""".split()
 _CHEAP_NOT_ELEMENTWISE = "broadcast_in_dim iota tile pvary pbroadcast".split()
 # split/unstack are slices and stack a concatenate of reshapes: XLA lowers
 # them to those HLOs, which fuse into their consumers.
+# ``name`` (``checkpoint_name``) lowers to its operand: the same buffer.
 _VIEW = """reshape squeeze expand_dims transpose slice rev pad concatenate dynamic_slice
-bitcast_convert_type split unstack stack""".split()
+bitcast_convert_type split unstack stack name""".split()
 _REDUCTIONS = """reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor
 argmax argmin""".split()
 _CUMULATIVE = "cumsum cumprod cummax cummin".split()

@@ -63,6 +63,13 @@ class DeviceLayout:
   counts: tuple[Counts, ...]
 
 
+def local_shape(shape: Sequence[int], counts: Counts) -> tuple[int, ...]:
+  """One device's shard shape of a value of ``shape`` split ``counts`` ways per dimension."""
+  counts = tuple(counts or ())
+  return tuple(-(-int(d) // max(1, counts[i] if i < len(counts) else 1))
+               for i, d in enumerate(shape))
+
+
 def per_device_bytes(nbytes: int, shape: Sequence[int], counts: Counts) -> int:
   """Bytes of one device's shard of a value of ``nbytes`` global bytes.
 

@@ -23,6 +23,7 @@ import jax
 from jaxmem._src import _compat
 from jaxmem._src.ir import blocks, sharding
 from jaxmem._src.ir.program import Op, Phase, Program, Role, VarInfo
+from jaxmem._src.ir.tiling import feature_minor_values, tiled_nbytes
 
 
 def _is_optax_state(x: Any) -> bool:
@@ -231,6 +232,7 @@ def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef
         uses[x].append(op.index)
   out_ids = {x for x in flat.outvars if isinstance(x, int)}
   vars_: list[VarInfo] = []
+  feature_minor = feature_minor_values(ops, avals) if backend == "tpu" else frozenset()
   for vid, aval in enumerate(avals):
     role, name, source = flat.meta[vid]
     d = flat.defined_by[vid]
@@ -247,6 +249,11 @@ def _finish(flat: _Flat, closed: _compat.ClosedJaxpr, in_tree: _compat.PyTreeDef
     nbytes = _compat.aval_nbytes(aval)
     local = nbytes if layout is None else sharding.per_device_bytes(
         nbytes, getattr(aval, "shape", ()), layout.counts[vid])
+    if backend == "tpu" and local and _compat.is_plain_array_aval(aval):
+      # XLA:TPU pads every array to whole tiles (16 channels take 128 lanes).
+      counts = layout.counts[vid] if layout is not None else ()
+      local = tiled_nbytes(sharding.local_shape(aval.shape, counts),
+                           aval.dtype.itemsize, backend, vid in feature_minor)
     vars_.append(VarInfo(vid, aval, local, d, tuple(uses[vid]), role, name, source,
                          vid in out_ids, global_nbytes=nbytes))
   fractions = None

@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 
 from jaxmem._src import _compat
-from jaxmem._src.estimate import lifetimes
+from jaxmem._src.estimate import lifetimes, xla_model
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.ir.primitives import Fusion
 from jaxmem._src.plan.decisions import Action, Decision
@@ -214,7 +214,8 @@ class Schedule:
            for st in self.steps]
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
                           [self.value_bytes(v) for v in range(nvals)], materialized,
-                          frozenset(hoist), shared, movable, cse)
+                          frozenset(hoist), shared, movable, cse,
+                          xla_model.on_chip_bytes(prog))
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:

@@ -67,26 +67,54 @@ class Segment:
 
 
 def forward_cuts(program: AnalyzedProgram) -> list[int]:
-  """Forward positions after which a single large value crosses to the rest of the forward pass."""
+  """Forward positions after which one large value flows on to the rest of the forward pass.
+
+  Chen et al. §4.1 cut a chain where a single value flows on; that rule stays
+  (every large value crossing ``p`` counted). Networks with long skips (a
+  UNet's encoder features, read again by its decoder) have no such point
+  between a skip and its reader. A skip made before the previous cut is part
+  of that cut's checkpoint set anyway (the segment keeps every value crossing
+  its start, :func:`_segment`), so walking the forward pass from left to
+  right, ``p`` is also a cut when exactly one large value made since the
+  previous cut is still read by a later forward op and XLA stores that value
+  (a checkpoint XLA fuses away or aliases would add a buffer the unplanned
+  step lacks). On a chain this adds nothing; on a UNet it cuts at the block
+  boundaries, as ``nothing_saveable`` on every block would, and ``group``
+  coarsens it.
+  """
   forward = [op.index for op in program.ops if op.phase is Phase.FORWARD]
   if not forward:
     return []
   last_fwd = forward[-1]
   big = max((v.nbytes for v in program.vars), default=0) * SMALL_CROSSING
-  count = np.zeros(program.num_ops + 1, dtype=np.int64)
+  born: dict[int, list[tuple[int, int]]] = {}   # position -> (value, last forward use)
   for v in program.vars:
     if v.is_input or program.constant_like[v.id] or v.nbytes < big:
       continue
     if program.ops[v.defined_by].phase is not Phase.FORWARD:
       continue
-    fwd_uses = [u for u in v.uses if u <= last_fwd]
-    if not fwd_uses:
-      continue
-    # crosses every cut after positions defined_by .. last forward use - 1
-    count[v.defined_by] += 1
-    count[max(fwd_uses)] -= 1
-  crossing = np.cumsum(count)
-  return [p for p in forward if p < last_fwd and crossing[p] == 1]
+    last_use = max((u for u in v.uses if u <= last_fwd), default=None)
+    if last_use is not None and last_use > v.defined_by:
+      born.setdefault(v.defined_by, []).append((v.id, last_use))
+  # A checkpoint XLA would not store (fused into its consumers, an alias) is
+  # no place to cut: keeping it would add a buffer the unplanned step lacks.
+  virtual = program.profile.virtual
+  cuts: list[int] = []
+  open_: dict[int, int] = {}   # values made since the previous cut -> their last forward use
+  crossing: dict[int, int] = {}   # every large value crossing p (Chen et al.'s rule)
+  for p in forward:
+    if p >= last_fwd:
+      break
+    open_.update(born.get(p, ()))
+    crossing.update(born.get(p, ()))
+    for d in (open_, crossing):
+      for vid in [vid for vid, end in d.items() if end <= p]:
+        del d[vid]
+    alone = len(crossing) == 1
+    if alone or (len(open_) == 1 and (virtual is None or not virtual[next(iter(open_))])):
+      cuts.append(p)
+      open_.clear()
+  return cuts
 
 
 def find_segments(program: AnalyzedProgram, device: DeviceLike = None,
