@@ -92,14 +92,14 @@ class Model:
 MODELS = {
     "gpt": Model("transformer", dict(batch_size=128, seq_len=256, dim=128, heads=4, layers=4),
                  dict(batch_size=64, seq_len=256, dim=128, heads=4, layers=2),
-                 "GPT 4x128, seq 256, batch 128", (0, 1)),
+                 "GPT 4x128, seq 256, batch 128, state donated", (0, 1)),
     "resnet50": Model("resnet", dict(batch_size=10, depth=50, image_size=224, abstract=True),
                       dict(batch_size=64, depth=50, image_size=64, width=16, classes=10,
                            stages=(1, 1, 1, 1), abstract=True),
-                      "ResNet-50, 224x224, batch 10", (0, 1, 2)),
+                      "ResNet-50, 224x224, batch 10, state donated", (0, 1, 2)),
     "unet": Model("unet", dict(batch_size=2, image_size=320, abstract=True),
                   dict(batch_size=8, image_size=128, depth=3, width=16, abstract=True),
-                  "UNet 4 levels x 64, 320x320, batch 2", (0, 1)),
+                  "UNet 4 levels x 64, 320x320, batch 2, state donated", (0, 1)),
 }
 
 T0 = time.perf_counter()
@@ -329,9 +329,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "",
       f"`{command(meta)}` ({meta_line(meta)}).",
       "",
-      f"Models: {sizes(rows)}; every step donates its state (parameters, statistics, "
-      "optimizer state: `donate_argnums`), as a training loop does. "
-      "Peak = argument + output + temp - alias bytes of the compiled "
+      f"Models: {sizes(rows)}. \"state donated\": every step of that model donates its "
+      "state (parameters, statistics, optimizer state: `donate_argnums`), as a training loop "
+      "does. Peak = argument + output + temp - alias bytes of the compiled "
       "program's `memory_analysis()`; host = its `host_temp_size_in_bytes`; GFLOP = "
       "`cost_analysis()[\"flops\"]` / 1e9. `policy:` rows apply JAX's "
       "`jax.checkpoint_policies` by hand to every block (`nn.remat`; `offload_*` to "

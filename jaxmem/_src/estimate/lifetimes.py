@@ -194,6 +194,30 @@ def _off_chip(prof: Profile, fixed: np.ndarray, on_chip: int, starts: Sequence[i
                              holder_bytes=tuple(int(b[i]) for i in order))
 
 
+def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int]:
+  """The steps that read ``o``, looking through aliases (views of one operand: ``name``, reshapes).
+
+  A view stores nothing of its own; whether its producer can be fused away
+  depends on who reads the view: a matmul reading ``checkpoint_name(tanh(x))``
+  needs the ``tanh`` stored.
+  """
+  out: list[int] = []
+  stack = list(consumers[o])
+  seen: set[int] = set()
+  while stack:
+    c = stack.pop()
+    if c in seen:
+      continue
+    seen.add(c)
+    if (flow.step_kind[c] is Fusion.VIEW and len(flow.step_inputs[c]) == 1
+        and len(flow.step_outputs[c]) == 1 and consumers[flow.step_outputs[c][0]]
+        and flow.step_outputs[c][0] not in flow.materialized):
+      stack.extend(consumers[flow.step_outputs[c][0]])
+    else:
+      out.append(c)
+  return out
+
+
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   """Live-bytes profile of a :class:`Flow` under the XLA model.
 
@@ -223,7 +247,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       if kind is Fusion.VIEW and flow.step_inputs[s]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
-        ckinds = [flow.step_kind[c] for c in consumers[o]]
+        ckinds = [flow.step_kind[c] for c in _through_aliases(flow, consumers, o)]
         if not all(k in FUSIBLE_CONSUMERS for k in ckinds):
           continue
         if Fusion.REDUCE in ckinds and len(ckinds) > 1:
