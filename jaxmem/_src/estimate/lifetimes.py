@@ -48,15 +48,27 @@ class Profile:
 def profile_from_intervals(num_positions: int, starts: Sequence[int], ends: Sequence[int],
                            nbytes: Sequence[int], transient: Sequence[int] | None = None) -> Profile:
   """Live-bytes profile of values live on closed intervals ``[start, end]``."""
+  live = _live_curve(num_positions, starts, ends, nbytes)
+  if transient is not None and len(transient):
+    live = live + np.asarray(transient, dtype=np.int64)
+  return _profile_of(live, starts, ends, nbytes)
+
+
+def _live_curve(num_positions: int, starts: Sequence[int], ends: Sequence[int],
+                nbytes: Sequence[int]) -> np.ndarray:
+  """Bytes live at each position of values live on closed intervals ``[start, end]``."""
+  diff = np.zeros(num_positions + 1, dtype=np.int64)
+  np.add.at(diff, np.asarray(starts, dtype=np.int64), np.asarray(nbytes, dtype=np.int64))
+  np.add.at(diff, np.asarray(ends, dtype=np.int64) + 1, -np.asarray(nbytes, dtype=np.int64))
+  return np.cumsum(diff[:-1])
+
+
+def _profile_of(live: np.ndarray, starts: Sequence[int], ends: Sequence[int],
+                nbytes: Sequence[int]) -> Profile:
+  """The :class:`Profile` of a live-bytes curve: its peak and the values live there."""
   starts_a = np.asarray(starts, dtype=np.int64)
   ends_a = np.asarray(ends, dtype=np.int64)
   bytes_a = np.asarray(nbytes, dtype=np.int64)
-  diff = np.zeros(num_positions + 1, dtype=np.int64)
-  np.add.at(diff, starts_a, bytes_a)
-  np.add.at(diff, ends_a + 1, -bytes_a)
-  live = np.cumsum(diff[:-1])
-  if transient is not None and len(transient):
-    live = live + np.asarray(transient, dtype=np.int64)
   peak_index = int(np.argmax(live)) if len(live) else 0
   peak = int(live[peak_index]) if len(live) else 0
   at_peak = np.nonzero((starts_a <= peak_index) & (ends_a >= peak_index) & (bytes_a > 0))[0]
@@ -174,26 +186,6 @@ def _positions(flow: Flow) -> list[int]:
   return pos
 
 
-def _off_chip(prof: Profile, fixed: np.ndarray, on_chip: int, starts: Sequence[int],
-              ends: Sequence[int], sizes: Sequence[int]) -> Profile:
-  """``prof`` with up to ``on_chip`` bytes of live temporaries moved off the device-memory count.
-
-  ``fixed`` is the live bytes of what stays in device memory for the whole
-  step (arguments, outputs, constants); the peak and its holders move to the
-  position where the rest, less the on-chip bytes, is largest.
-  """
-  live = prof.live_bytes
-  hbm = fixed + np.maximum(0, live - fixed - on_chip)
-  peak_index = int(np.argmax(hbm)) if len(hbm) else 0
-  peak = int(hbm[peak_index]) if len(hbm) else 0
-  s, e, b = (np.asarray(x, dtype=np.int64) for x in (starts, ends, sizes))
-  at_peak = np.nonzero((s <= peak_index) & (e >= peak_index) & (b > 0))[0]
-  order = at_peak[np.argsort(-b[at_peak], kind="stable")]
-  return dataclasses.replace(prof, live_bytes=hbm, peak_bytes=peak, peak_index=peak_index,
-                             holders=tuple(int(i) for i in order),
-                             holder_bytes=tuple(int(b[i]) for i in order))
-
-
 def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int]:
   """The steps that read ``o``, looking through aliases (views of one operand: ``name``, reshapes).
 
@@ -283,12 +275,15 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   transient = [0] * (flow.num_steps + 1)
   for s, t in enumerate(flow.transient):
     transient[pos[s]] += t
-  prof = profile_from_intervals(flow.num_steps + 1, starts, ends, sizes, transient)
+  live = _live_curve(flow.num_steps + 1, starts, ends, sizes) + np.asarray(transient, np.int64)
   if flow.on_chip > 0:
-    fixed = [sizes[i] if i < len(ids) and ids[i] in flow.materialized else 0
-             for i in range(len(sizes))]
-    prof = _off_chip(prof, profile_from_intervals(flow.num_steps + 1, starts, ends, fixed).live_bytes,
-                     flow.on_chip, starts, ends, sizes)
+    # Arguments, outputs and constants stay in device memory; of the rest, up
+    # to `on_chip` bytes at any position are on chip and off the count.
+    fixed = _live_curve(flow.num_steps + 1, starts, ends,
+                        [sizes[i] if i < len(ids) and ids[i] in flow.materialized else 0
+                         for i in range(len(sizes))])
+    live = fixed + np.maximum(0, live - fixed - flow.on_chip)
+  prof = _profile_of(live, starts, ends, sizes)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
   for v, keep in merged.items():      # stored by the value it was merged into
     start[v], end[v] = start[keep], end[keep]

@@ -65,14 +65,6 @@ class Chip:
 ON_CHIP_MIB: Mapping[str, int] = MappingProxyType({"v5e": 112, "v6e": 95, "v5p": 45, "v4": 64})
 
 
-def on_chip_bytes(target: str) -> int:
-  """:attr:`Chip.on_chip_bytes` of the chip a target string names (0 for ``local``)."""
-  parts = target.split(":")
-  if len(parts) < 2 or parts[0] != "tpu" or parts[1] not in CHIPS:
-    return 0
-  return CHIPS[parts[1]].on_chip_bytes
-
-
 #: TPU chips compiled for here (jax 0.10.2 + libtpu 0.0.42.1, all checked by
 #: ``tests/verify/test_targets.py``). v4 has two TensorCores per chip that
 #: libtpu shows as two devices; the budget is per device.
@@ -198,4 +190,4 @@ def _topology_devices(chip: str, topology: str) -> tuple[Any, ...]:
         "your jax).") from e
 
 
-__all__ = ["CHIPS", "Chip", "ON_CHIP_MIB", "Target", "TargetLike", "get_target", "on_chip_bytes"]
+__all__ = ["CHIPS", "Chip", "ON_CHIP_MIB", "Target", "TargetLike", "get_target"]

@@ -336,7 +336,10 @@ def on_chip_bytes(program: Program) -> int:
   :attr:`~jaxmem._src.estimate.targets.Chip.on_chip_bytes` of the live
   temporaries at any point stay there. 0 for other backends.
   """
-  return targets.on_chip_bytes(program.target) if program.backend == "tpu" else 0
+  if program.backend != "tpu":
+    return 0
+  chip = targets.get_target(program.target).chip
+  return chip.on_chip_bytes if chip is not None else 0
 
 
 __all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes", "hoisted_constants",

@@ -80,8 +80,7 @@ def per_device_bytes(nbytes: int, shape: Sequence[int], counts: Counts) -> int:
   elems = math.prod(shape)
   if elems == 0:
     return 0
-  local = math.prod(-(-int(d) // max(1, c)) for d, c in zip(shape, counts))
-  return nbytes // elems * local   # element size times local elements (exact)
+  return nbytes // elems * math.prod(local_shape(shape, counts))   # element size times local elements
 
 
 class _OpLike(Protocol):

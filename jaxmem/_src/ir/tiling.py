@@ -45,6 +45,7 @@ class _OpLike(Protocol):
 
   def input_ids(self) -> list[int]: ...
 
+
 LANES = 128          # the minor-most tile dimension, in elements
 NARROW_MINOR = 8     # a last dimension below this many elements is not kept minor-most
 SUBLANE_ROWS = 8     # second-minor tile rows of 32-bit words (16-bit types pack 16, 8-bit 32)
@@ -96,6 +97,7 @@ def tiled_nbytes(shape: Sequence[int], itemsize: int, platform: str,
         best = size
   assert best is not None
   return best
+
 
 def feature_minor_values(ops: Sequence[_OpLike], avals: Sequence[Any]) -> frozenset[int]:
   """Value ids laid out features-minor: the layout class of the program's convolutions.

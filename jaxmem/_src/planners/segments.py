@@ -87,6 +87,7 @@ def forward_cuts(program: AnalyzedProgram) -> list[int]:
     return []
   last_fwd = forward[-1]
   big = max((v.nbytes for v in program.vars), default=0) * SMALL_CROSSING
+  count = np.zeros(program.num_ops + 1, dtype=np.int64)
   born: dict[int, list[tuple[int, int]]] = {}   # position -> (value, last forward use)
   for v in program.vars:
     if v.is_input or program.constant_like[v.id] or v.nbytes < big:
@@ -94,24 +95,27 @@ def forward_cuts(program: AnalyzedProgram) -> list[int]:
     if program.ops[v.defined_by].phase is not Phase.FORWARD:
       continue
     last_use = max((u for u in v.uses if u <= last_fwd), default=None)
-    if last_use is not None and last_use > v.defined_by:
+    if last_use is None:
+      continue
+    # crosses every cut after positions defined_by .. last forward use - 1
+    count[v.defined_by] += 1
+    count[last_use] -= 1
+    if last_use > v.defined_by:
       born.setdefault(v.defined_by, []).append((v.id, last_use))
+  crossing = np.cumsum(count)   # Chen et al.'s rule: every large value crossing p
   # A checkpoint XLA would not store (fused into its consumers, an alias) is
   # no place to cut: keeping it would add a buffer the unplanned step lacks.
   virtual = program.profile.virtual
   cuts: list[int] = []
   open_: dict[int, int] = {}   # values made since the previous cut -> their last forward use
-  crossing: dict[int, int] = {}   # every large value crossing p (Chen et al.'s rule)
   for p in forward:
     if p >= last_fwd:
       break
     open_.update(born.get(p, ()))
-    crossing.update(born.get(p, ()))
-    for d in (open_, crossing):
-      for vid in [vid for vid, end in d.items() if end <= p]:
-        del d[vid]
-    alone = len(crossing) == 1
-    if alone or (len(open_) == 1 and (virtual is None or not virtual[next(iter(open_))])):
+    for vid in [vid for vid, end in open_.items() if end <= p]:
+      del open_[vid]
+    if crossing[p] == 1 or (len(open_) == 1
+                            and (virtual is None or not virtual[next(iter(open_))])):
       cuts.append(p)
       open_.clear()
   return cuts
