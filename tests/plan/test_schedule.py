@@ -155,3 +155,30 @@ def test_a_schedule_runs_to_the_same_values(program):
   want = jax.tree_util.tree_leaves(jax.jit(grad)(*args))
   for g, w in zip(got, want):
     assert jnp.array_equal(g, w)
+
+
+def _masked_loss(w, x):
+  n = x.shape[0]
+  # A causal mask computed from constants only, as flax's `make_causal_mask`.
+  mask = (jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]).astype(jnp.float32)
+  h = jnp.tanh(x @ w)
+  scores = (h @ h.T) * mask
+  return jnp.sum(jnp.tanh(scores) @ h)
+
+
+def test_fences_skip_values_computed_from_constants():
+  """A fence on a causal mask would make XLA store it; XLA recomputes it in its consumers instead."""
+  w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+  x = jax.random.normal(jax.random.PRNGKey(1), (256, 64))
+  prog = jaxmem.analyze(jax.grad(_masked_loss), w, x)
+  mask = next(v for v in prog.vars if prog.constant_like[v.id] and v.shape == (256, 256)
+              and v.aval.dtype == jnp.float32)
+  product = next(k for k in mask.uses if prog.ops[k].primitive == "mul")
+  # Recomputing the product from the mask and the (kept) scores' inputs: the
+  # chain's op reads the mask and an activation; only the activation is fenced.
+  chain = (product,)
+  fenced = fence_points(prog, chain)
+  assert fenced and mask.id not in fenced
+  assert all(not prog.constant_like[x] for x in fenced)
+  # An op reading only values computed from constants gets no fence at all.
+  assert fence_points(prog, (mask.defined_by,)) == []

@@ -248,12 +248,16 @@ def fence_points(program: AnalyzedProgram, chain: Sequence[int]) -> list[int]:
   costs no copy), else its smallest argument (XLA copies a fenced argument).
   Every recomputed op then depends on a fence, so XLA can neither hoist it nor
   CSE it with the forward pass. Ops with no array inputs (iota, constant
-  broadcasts) are left alone: merging those is harmless.
+  broadcasts) are left alone: merging those is harmless. So are ops that read
+  only values computed from constants (a causal mask and its ``convert``):
+  XLA recomputes those inside every consumer, and a fence would make it store
+  one (XLA:TPU kept a ``f32[128,1,256,256]`` mask, 32 MiB, live from the
+  forward pass to the end of a GPT's backward pass for a fence on it).
   """
   made = {o for k in chain for o in program.ops[k].outputs}
   fenced: list[int] = []
   for k in chain:
-    ins = program.ops[k].input_ids()
+    ins = [x for x in program.ops[k].input_ids() if not program.constant_like[x]]
     if not ins or any(x in made for x in ins) or any(x in fenced for x in ins):
       continue
     acts = [x for x in ins if not program.vars[x].is_input]

@@ -13,6 +13,9 @@
 * ``greedy-remat``, ``segments-remat`` -- the same with recomputation only (no
   host copies): what ``jaxmem.fit`` plans for TPU targets, whose compiler
   schedules host copies by its own memory model (see ``jaxmem.fit``);
+* ``segments-modules`` -- ``segments-remat`` with segments at the model's own
+  module boundaries only (a GPT's decoder blocks: ``nn.remat`` on every
+  block, chosen on the program); ``fit``'s second try for TPU targets;
 * ``auto`` (also ``best``) -- the fastest simulated plan among the fast planners
   (and the MILP on small programs); the default of ``jaxmem.fit``.
 
@@ -47,6 +50,7 @@ PLANNERS: Mapping[str, Planner] = MappingProxyType({
     "segments": segments,
     "greedy-remat": functools.partial(greedy, allow_offload=False),
     "segments-remat": functools.partial(segments, fill=False),
+    "segments-modules": functools.partial(segments, fill=False, group="modules"),
     "auto": auto,
     "best": auto,          # the name it had before it became `fit`'s default
 })

@@ -121,19 +121,43 @@ def forward_cuts(program: AnalyzedProgram) -> list[int]:
   return cuts
 
 
+def module_cuts(program: AnalyzedProgram, cuts: list[int], depth: int) -> list[int]:
+  """The last of ``cuts`` inside each module at ``depth`` of the model's module path.
+
+  ``GPT/DecoderBlock_3/LayerNorm_0`` at depth 2 is ``GPT/DecoderBlock_3``: a
+  GPT's cuts inside each decoder block (after every layer norm, attention,
+  residual add) reduce to the block's output, its boundary with the next
+  block. Segments between those cuts are the model's own blocks, which is
+  where a user puts ``nn.remat`` by hand. Chen et al. §4.1 cut at every
+  articulation point; where the estimate over-counts a segment's own
+  temporaries, the finer cuts look better than they compile (their
+  checkpoints stay live through the backward pass), and the module-aligned
+  cuts are the alternative a compiling caller tries.
+  """
+  def scope(k: int) -> str:
+    return "/".join(program.ops[k].module.split("/")[:depth])
+
+  return [c for c, nxt in zip(cuts, [*cuts[1:], None]) if nxt is None or scope(c) != scope(nxt)]
+
+
 def find_segments(program: AnalyzedProgram, device: DeviceLike = None,
-                  min_bytes: int | None = None, group: int = 1) -> list[Segment]:
+                  min_bytes: int | None = None, group: int = 1,
+                  depth: int | None = None) -> list[Segment]:
   """The forward pass cut at :func:`forward_cuts`, each segment with its remat decisions.
 
   ``group`` consecutive segments make one (only every ``group``-th cut is
-  kept as a checkpoint: Chen et al.'s segment size). A segment whose residuals
-  are smaller than ``min_bytes`` is merged into the next one.
+  kept as a checkpoint: Chen et al.'s segment size). ``depth``: keep only the
+  cuts at module boundaries at that depth (:func:`module_cuts`) before
+  grouping. A segment whose residuals are smaller than ``min_bytes`` is
+  merged into the next one.
   """
   if min_bytes is None:
     min_bytes = max(1, program.profile.peak_bytes // 1000)
   pricer = common.Pricer(program, device)
   residual = {g.var: g for g in common.residual_gaps(program, 1)}
   cuts = forward_cuts(program)
+  if depth is not None:
+    cuts = module_cuts(program, cuts, depth)
   first_fwd = next((op.index for op in program.ops if op.phase is Phase.FORWARD), 0)
   bounds = [first_fwd - 1, *cuts]
   last_fwd = max((op.index for op in program.ops if op.phase is Phase.FORWARD), default=-1)
@@ -199,7 +223,8 @@ def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
 
 def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "sync", window: Window = None,
-             min_bytes: int | None = None, fill: bool = True, max_tries: int = 3) -> Plan:
+             min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,
+             group: int | str | None = None) -> Plan:
   """Recompute whole forward segments, the cheapest bytes first, until the estimate fits.
 
   Args:
@@ -212,6 +237,14 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
     fill: when every segment recomputed is not enough, let
       :func:`~.greedy.greedy` remat or offload single values on top.
     max_tries: segment sizes evaluated once one fits (cheapest guess first).
+    group: ``None`` searches segments of 1, 2, 4, ... cuts (Chen et al.'s
+      segment size) and the module-aligned segments of :func:`module_cuts`;
+      an int evaluates only segments of that many cuts; ``"modules"`` only
+      the module-aligned ones. The search ranks options by the estimate;
+      where the estimate over-counts a segment's own temporaries (XLA:TPU
+      fuses what the model stores), finer segments look better than they
+      compile, so a caller that compiles (``fit`` on a TPU target) also
+      tries ``"modules"`` on its own.
 
   Returns:
     A :class:`jaxmem.Plan` named ``segments`` (``segments+greedy`` when filled).
@@ -236,17 +269,33 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
   # bytes), and the search stops after ``max_tries`` fitting sizes.
   options: list[tuple[float, list[Segment]]] = []
   seen: set[tuple[int, ...]] = set()
-  group = 1
-  while True:
-    segs = _ranked(find_segments(program, device, min_bytes, group))
+  if group is not None and group != "modules" and (
+      isinstance(group, bool) or not isinstance(group, int) or group < 1):
+    raise ValueError(f"`group` must be a positive int (cuts per segment), 'modules' or None, "
+                     f"got {group!r}.")
+
+  def consider(segs: list[Segment]) -> None:
     bounds = tuple(sorted(x.hi for x in segs))
-    if bounds not in seen:   # a coarser grouping that changes nothing is skipped
+    if segs and bounds not in seen:   # a grouping that changes nothing is skipped
       seen.add(bounds)
       k = _cover(segs, excess)
       options.append((sum(x.cost_s for x in segs[:k]), segs))
-    if len(segs) <= 2:
-      break
-    group *= 2
+
+  if group is None or isinstance(group, int):
+    size = 1 if group is None else group
+    while True:
+      segs = _ranked(find_segments(program, device, min_bytes, size))
+      consider(segs)
+      if group is not None or len(segs) <= 2:
+        break
+      size *= 2
+  if group is None or group == "modules":
+    depths = max((op.module.count("/") + 1 for op in program.ops if op.module), default=0)
+    for depth in range(1, depths + 1):
+      consider(_ranked(find_segments(program, device, min_bytes, depth=depth)))
+  if not options:
+    consider(_ranked(find_segments(program, device, min_bytes)))
+    options = options or [(0.0, [])]
   options.sort(key=lambda o: o[0])
   best: tuple[float, int, Plan] | None = None
   fitting = 0
