@@ -11,6 +11,9 @@ UNet from examples/), each of
   examples' ``remat_policy=``): ``nothing_saveable``, ``dots_saveable``,
   ``dots_with_no_batch_dims_saveable`` and ``offload_dot_with_no_batch_dims``
   (offloaded to ``pinned_host``),
+* XLA:TPU's own rematerialization told that the chip has 0.5 and 0.3 of the
+  unplanned peak (``xla_tpu_max_hbm_size_mib``; the compile fails with the
+  bytes it needed when it cannot get there),
 * ``jaxmem.fit(0.5, target="tpu:v5e")`` and ``jaxmem.fit(0.3, target="tpu:v5e")``
 
 (every one with the step's state donated, ``donate_argnums``, as training loops do)
@@ -18,14 +21,15 @@ UNet from examples/), each of
 gives one row: the compiled peak (``argument + output + temp - alias`` of
 ``memory_analysis()``), its fraction of the unplanned peak, the host bytes
 (``host_temp_size_in_bytes``), the compiled FLOPs (``cost_analysis()["flops"]``)
-and their ratio to plain ``jax.jit``; for the fitted rows also the budget,
+and their ratio to plain ``jax.jit``, a roofline step-time estimate from the
+compiled program's own cost analysis (:func:`roofline_s`); for the fitted rows also the budget,
 whether the peak is within it, the plan-compile rounds, the planning seconds,
 the planner and its remat/offload decisions. A ``BudgetError`` is a row with
 the smallest compiled peak jaxmem reached; an exception inside jaxmem is a row
 ``error: ...`` (traceback in the JSON) and the bench goes on.
 
-Every compile of these models takes tens of seconds on the development machine
-(2 cores): a full run is about half an hour to an hour.
+Every compile of these models takes one to two minutes on the development
+machine (2 cores): a full run is one to two hours.
 
 Run: ``python bench/tpu_bench.py [--models gpt,resnet50,unet] [--quick]``; writes
 bench/results/tpu.{json,md} and the README excerpt. ``--quick`` compiles small
@@ -48,6 +52,7 @@ import dataclasses  # noqa: E402
 import importlib  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import pathlib  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -80,26 +85,30 @@ class Model:
   donate: tuple[int, ...]  # the step's state arguments (parameters, statistics, optimizer state)
 
 
-# Sizes whose unplanned compiled peak on a TPU v5e passes 1 GiB with little to
-# spare (each compile is 1-3 minutes on 2 cores; the batch barely changes that).
-# Every step donates its state (parameters, statistics, optimizer state) as a
-# training loop does: the new state then takes the old one's buffers.
-# Measured on the way (without donation): GPT batch 64 506 MiB, ResNet-50
-# batch 8 992 MiB, UNet 256x256 batch 1 954 MiB, 320x320 batch 1 1252 MiB
-# (896 MiB donated), batch 2 1487 MiB. --quick sizes: XLA:TPU keeps small temporaries out of
-# its HBM figures (a GPT of batch 32, seq 128 compiles to 0 temp bytes), so
-# they stay large enough to leave a plan something to do.
+# Realistic per-chip sizes whose unplanned compiled peak on a TPU v5e is well
+# above 1 GiB and made mostly of activations (each compile is 1-2 minutes on 2
+# cores; the batch barely changes that). Every step donates its state
+# (parameters, statistics, optimizer state) as a training loop does: the new
+# state then takes the old one's buffers. Earlier runs used the smallest sizes
+# past 1 GiB (ResNet-50 batch 10: 1499 MiB donated; UNet 320x320 batch 2:
+# 1831 MiB donated); there parameters, optimizer state and gradients alone
+# take about 0.28 of the unplanned peak, so 0.3 was out of reach of any
+# activation plan. Measured on the way (donated): ResNet-50 batch 32
+# 2.70 GiB, UNet 320x320 batch 4 3.45 GiB, batch 8 4.52 GiB. --quick sizes:
+# XLA:TPU keeps small temporaries out of its HBM figures (a GPT of batch 32,
+# seq 128 compiles to 0 temp bytes), so they stay large enough to leave a plan
+# something to do.
 MODELS = {
     "gpt": Model("transformer", dict(batch_size=128, seq_len=256, dim=128, heads=4, layers=4),
                  dict(batch_size=64, seq_len=256, dim=128, heads=4, layers=2),
                  "GPT 4x128, seq 256, batch 128, state donated", (0, 1)),
-    "resnet50": Model("resnet", dict(batch_size=10, depth=50, image_size=224, abstract=True),
+    "resnet50": Model("resnet", dict(batch_size=32, depth=50, image_size=224, abstract=True),
                       dict(batch_size=64, depth=50, image_size=64, width=16, classes=10,
                            stages=(1, 1, 1, 1), abstract=True),
-                      "ResNet-50, 224x224, batch 10, state donated", (0, 1, 2)),
-    "unet": Model("unet", dict(batch_size=2, image_size=320, abstract=True),
+                      "ResNet-50, 224x224, batch 32, state donated", (0, 1, 2)),
+    "unet": Model("unet", dict(batch_size=4, image_size=320, abstract=True),
                   dict(batch_size=8, image_size=128, depth=3, width=16, abstract=True),
-                  "UNet 4 levels x 64, 320x320, batch 2, state donated", (0, 1)),
+                  "UNet 4 levels x 64, 320x320, batch 4, state donated", (0, 1)),
 }
 
 T0 = time.perf_counter()
@@ -122,11 +131,44 @@ def flops_of(compiled: Any) -> float | None:
   return float(cost["flops"])
 
 
+def bytes_accessed_of(compiled: Any) -> float | None:
+  """``compiled.cost_analysis()["bytes accessed"]`` (HBM traffic XLA's cost model counts)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 (a backend without a cost model)
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
+
+
+def roofline_s(row: dict[str, Any]) -> float | None:
+  """A step-time estimate of a compiled program on the target chip, from its own cost analysis.
+
+  Compute is the roofline of the compiled program (FLOPs at the chip's peak
+  rate, or its HBM traffic at the chip's bandwidth, whichever takes longer);
+  every host byte is copied out and back at the profile's host link rate,
+  overlapped with compute (the best case: a copy that cannot be hidden adds
+  to it). The same formula for every row, jaxmem's or a by-hand policy's; it
+  is not a measurement (nothing runs on a TPU here).
+  """
+  if row.get("flops") is None:
+    return None
+  dev = jaxmem.device_profile(get_target(TARGET).profile)
+  compute = row["flops"] / dev.flops_per_s
+  if row.get("bytes") is not None and dev.memory_bytes_per_s:
+    compute = max(compute, row["bytes"] / dev.memory_bytes_per_s)
+  copies = 2 * row.get("host", 0) / dev.host_bytes_per_s
+  return max(compute, copies)
+
+
 def measure(compiled: Any) -> dict[str, Any]:
   mem = jaxmem.compiled_memory(compiled)
-  return dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
-              temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
-              flops=flops_of(compiled))
+  row = dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
+             temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
+             flops=flops_of(compiled), bytes=bytes_accessed_of(compiled))
+  row["roofline_s"] = roofline_s(row)
+  return row
 
 
 def short_error(e: BaseException) -> str:
@@ -141,11 +183,37 @@ def build(model: Model, quick: bool, remat_policy: str | None = None) -> tuple[A
   return importlib.import_module(model.module).build(**kw)
 
 
-def compile_baseline(model: Model, quick: bool, target: Any, policy: str | None) -> dict[str, Any]:
+def compile_baseline(model: Model, quick: bool, target: Any, policy: str | None,
+                     options: dict[str, Any] | None = None) -> dict[str, Any]:
   step, args = build(model, quick, policy)
   t = time.perf_counter()
-  compiled = jax.jit(step, donate_argnums=model.donate).lower(*target.place(args)).compile()
+  compiled = jax.jit(step, donate_argnums=model.donate,
+                     compiler_options=options).lower(*target.place(args)).compile()
   return dict(measure(compiled), compile_s=time.perf_counter() - t)
+
+
+def xla_remat(model: Model, quick: bool, target: Any, frac: float,
+              unplanned: int) -> dict[str, Any]:
+  """XLA:TPU's own rematerialization, told that the chip's HBM is ``frac`` of the unplanned peak.
+
+  ``xla_tpu_max_hbm_size_mib`` is the memory XLA:TPU's rematerialization pass
+  works against (a libtpu option, not a JAX API): the "other tool" a user
+  has without writing a policy. When it cannot fit, the compile fails with
+  the bytes it needed, which is the row's smallest figure.
+  """
+  budget = int(frac * unplanned)
+  try:
+    row = compile_baseline(model, quick, target, None,
+                           {"xla_tpu_max_hbm_size_mib": budget // 2 ** 20})
+  except Exception as e:  # noqa: BLE001 (XLA's RESOURCE_EXHAUSTED is a plain runtime error)
+    m = re.search(r"required for HLO temporaries \(([\d.]+)([KMG])\)", str(e))
+    if m is None:
+      raise
+    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}[m.group(2)]
+    return dict(status="BudgetError", budget=budget, smallest=int(float(m.group(1)) * scale),
+                planning_s=0.0, error=str(e).splitlines()[0])
+  row.update(budget=budget, within=row["peak"] <= budget)
+  return row
 
 
 def fitted_compiled(fitted: Any, args: Any) -> Any:
@@ -190,6 +258,7 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
     label = "quick: " + ", ".join(f"{k}={v}" for k, v in model.quick.items()
                                   if k != "abstract") if quick else model.label
     methods = [("jit", None), *((f"policy:{p}", p) for p in POLICIES),
+               *((f"xla-remat({f})", f) for f in BUDGETS),
                *((f"fit({f})", f) for f in BUDGETS)]
     base: dict[str, Any] | None = None
     for method, arg in methods:
@@ -199,6 +268,12 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
       try:
         if method.startswith("fit"):
           row.update(run_fit(model, quick, arg))
+        elif method.startswith("xla-remat"):
+          if base is None:
+            raise RuntimeError("no unplanned peak to take a fraction of")
+          result = xla_remat(model, quick, target, arg, base["peak"])
+          result.setdefault("status", "ok")
+          row.update(result)
         else:
           row.update(compile_baseline(model, quick, target, arg), status="ok")
       except Exception as e:  # noqa: BLE001 (recorded as the row; the bench goes on)
@@ -215,6 +290,8 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
         row["peak_fraction"] = row["peak"] / base["peak"]
         if row.get("flops") and base.get("flops"):
           row["flops_ratio"] = row["flops"] / base["flops"]
+        if row.get("roofline_s") and base.get("roofline_s"):
+          row["time_ratio"] = row["roofline_s"] / base["roofline_s"]
       if base is not None:
         row["unplanned_peak"] = base["peak"]
       rows.append(row)
@@ -238,8 +315,9 @@ def describe(r: dict[str, Any]) -> str:
   if r.get("flops") is not None:
     s += f", {r['flops'] / 1e9:.1f} GFLOP"
   if "budget" in r:
-    s += (f", budget {mib(r['budget'])} MiB {'within' if r['within'] else 'OVER'}, "
-          f"{r['rounds']} rounds, {r['planning_s']:.1f} s, {r['planner']} "
+    s += f", budget {mib(r['budget'])} MiB {'within' if r['within'] else 'OVER'}"
+  if "rounds" in r:
+    s += (f", {r['rounds']} rounds, {r['planning_s']:.1f} s, {r['planner']} "
           f"{r['remat']} remat / {r['offload']} offload")
   return s
 
@@ -253,13 +331,15 @@ def fmt_ratio(r: dict[str, Any], key: str) -> str:
 
 
 def refused(r: dict[str, Any]) -> str:
-  """The peak cell of a fit that raised `BudgetError`: the smallest peak it reached."""
+  """The peak cell of a fit that raised `BudgetError` (or of XLA's remat that failed)."""
   frac = f" ({r['smallest'] / r['unplanned_peak']:.2f} of jit)" if "unplanned_peak" in r else ""
+  if r["method"].startswith("xla-remat"):
+    return f"compile fails: XLA needs {mib(r['smallest'])} MiB{frac}"
   return f"`BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac}"
 
 
-HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit | budget MiB "
-        "| within | rounds | planning s | planner: remat / offload |")
+HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit "
+        "| est. time vs jit | budget MiB | within | rounds | planning s | planner: remat / offload |")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -268,17 +348,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
       lines.append(head + f"| {refused(r)} "
-                   f"| - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} | - |")
+                   f"| - | - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} "
+                   "| - |")
       continue
     if r["status"] != "ok":
       err = r["error"].replace("|", "\\|")
-      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - |")
+      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - | - |")
       continue
     cells = [mib(r["peak"]), fmt_ratio(r, "peak_fraction"), mib(r["host"]), fmt_flops(r),
-             fmt_ratio(r, "flops_ratio")]
-    if "budget" in r:
+             fmt_ratio(r, "flops_ratio"), fmt_ratio(r, "time_ratio")]
+    if "rounds" in r:
       cells += [mib(r["budget"]), "yes" if r["within"] else "**NO**", str(r["rounds"]),
                 f"{r['planning_s']:.1f}", f"{r['planner']}: {r['remat']} / {r['offload']}"]
+    elif "budget" in r:
+      cells += [mib(r["budget"]), "yes" if r["within"] else "**NO**"] + ["-"] * 3
     else:
       cells += ["-"] * 5
     lines.append(head + "| " + " | ".join(cells) + " |")
@@ -336,7 +419,12 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "`cost_analysis()[\"flops\"]` / 1e9. `policy:` rows apply JAX's "
       "`jax.checkpoint_policies` by hand to every block (`nn.remat`; `offload_*` to "
       "`pinned_host`); `fit(f)` rows are `jaxmem.fit(f, target=\"tpu:v5e\")`, planning s "
-      "being its plan-and-compile time (every compile included).",
+      "being its plan-and-compile time (every compile included). Est. time = the compiled "
+      "program's roofline on a v5e (its FLOPs at 197 TFLOP/s or its `bytes accessed` at "
+      "819 GB/s, whichever is longer), or its host bytes copied out and back at the "
+      "`tpu-v5e` profile's assumed 25.6 GB/s host link if that is longer (copies "
+      "overlapped: the best case for offload), relative to jit's: a model of the step "
+      "time, not a measurement.",
       "",
       f"{summary(rows)}.",
       "",
@@ -350,25 +438,27 @@ def readme_excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       f"`{command(meta)}` ({meta_line(meta)}; full table `bench/results/tpu.md`). "
       f"{sizes(rows)}. {summary(rows)}.",
       "",
-      "| model | method | TPU peak | of jit | host | FLOPs vs jit | fit: budget, rounds, planning, "
-      "planner: remat / offload |",
-      "|---|---|---|---|---|---|---|",
+      "| model | method | TPU peak | of jit | host | FLOPs vs jit | est. time vs jit | fit: budget, "
+      "rounds, planning, planner: remat / offload |",
+      "|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
       lines.append(head + f"| {refused(r)} "
-                   f"| | | | budget {mib(r['budget'])} MiB, {r['planning_s']:.0f} s |")
+                   f"| | | | | budget {mib(r['budget'])} MiB, {r['planning_s']:.0f} s |")
     elif r["status"] != "ok":
-      lines.append(head + "| error (see `bench/results/tpu.md`) | | | | |")
+      lines.append(head + "| error (see `bench/results/tpu.md`) | | | | | |")
     else:
-      fit = (f"{mib(r['budget'])} MiB {'within' if r['within'] else '**OVER**'}, "
-             f"{r['rounds']} rounds, {r['planning_s']:.0f} s, {r['planner']}: {r['remat']} / "
-             f"{r['offload']}"
+      fit = (f"{mib(r['budget'])} MiB {'within' if r['within'] else '**OVER**'}"
              if "budget" in r else "")
+      if "rounds" in r:
+        fit += (f", {r['rounds']} rounds, {r['planning_s']:.0f} s, {r['planner']}: "
+                f"{r['remat']} / {r['offload']}")
       flops = f"{r['flops_ratio']:.2f}x" if "flops_ratio" in r else "-"
+      est = f"{r['time_ratio']:.2f}x" if "time_ratio" in r else "-"
       lines.append(head + f"| {mib(r['peak'])} MiB | {fmt_ratio(r, 'peak_fraction')} | "
-                   f"{mib(r['host'])} MiB | {flops} | {fit} |")
+                   f"{mib(r['host'])} MiB | {flops} | {est} | {fit} |")
   return "\n".join(lines)
 
 

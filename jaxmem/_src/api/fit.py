@@ -90,6 +90,7 @@ class _Attempt:
   jitted: Any   # the jax.jit-wrapped step (jax's Wrapped type is private)
   compiled: jax.stages.Compiled
   options: dict[str, Any]
+  limit: int | None = None   # the scheduler's limit on temporaries it was compiled with
 
 
 def _compiler_option_sets(fallback: bool, platform: str) -> list[dict[str, Any]]:
@@ -113,8 +114,9 @@ def _compiler_option_sets(fallback: bool, platform: str) -> list[dict[str, Any]]
 @dataclasses.dataclass(frozen=True)
 class _Entry:
   result: FitResult
-  jitted: Any   # the jax.jit-wrapped step
+  jitted: Any   # the jax.jit-wrapped step, compiled for the target
   compiled: jax.stages.Compiled
+  local: Any = None   # for an ahead-of-time target: the same step without its compiler options
 
 
 def _aval_key(leaf: Any) -> tuple[tuple[int, ...], str, bool]:
@@ -159,12 +161,10 @@ class Fitted:
     self.backend = resolve_backend(backend, self.target.platform)
     if device is None and self.target.profile is not None:
       self.device = self.target.profile
-    # XLA:TPU's scheduler places host copies by its own memory model: with
-    # HBM to spare it issues every copy back right after the copy out
-    # (measured on a 3-layer MLP on a v5e target: seven offloads planned,
-    # compiled peak 72 -> 282 MiB), so the plan's placement does not survive.
-    # Its default plans recompute only; offloads stay available by name.
-    self.remat_only = self.backend == "xla" and self.target.platform == "tpu"
+    # XLA:TPU schedules host copies by its own memory model: plans for it are
+    # compiled with a scheduler memory limit (`Target.memory_limit_options`),
+    # and `auto` tries the planners whose plans compile best there in turn.
+    self.compiles_for_tpu = self.target.platform == "tpu"
     self._cache: dict[Any, _Entry] = {}
     functools.update_wrapper(self, fun)
 
@@ -180,7 +180,7 @@ class Fitted:
     entry, dyn = self._entry(args, kwargs)
     if self.target.is_local:
       return entry.compiled(*dyn)
-    return entry.jitted(*dyn)
+    return entry.local(*dyn)
 
   def lower(self, *args: Any, **kwargs: Any) -> Any:
     """Lowers the fitted step for the target like ``jax.jit(f).lower``; ``.compile()`` follows.
@@ -273,19 +273,30 @@ class Fitted:
       result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
                          base_mem, time.perf_counter() - t0, **where)
       self._log(f"already fits: {base_mem} <= {format_bytes(budget)}")
-      return _Entry(result, base_jit, base_compiled)
+      return _Entry(result, base_jit, base_compiled, base_jit)
 
     tried: list[_Attempt] = []
     plans: dict[tuple[int, int], Plan] = {}
 
     compiled_plans: dict[tuple[Any, ...], _Attempt] = {}
+    # Arguments and outputs are the same whatever the plan: the budget's share
+    # for temporaries is what the target's scheduler may be told to keep to
+    # (`Target.memory_limit_options`; XLA:TPU only). Rounds tighten it down to
+    # a quarter of that share; ``None`` where the target takes no limit.
+    temp_share = budget - (base_mem.peak_bytes - base_mem.temp_bytes)
+    limits = bool(self.target.memory_limit_options(max(temp_share, 1), base_mem.peak_bytes))
+    first_limit = temp_share if limits and temp_share > 0 else None
+    floor_limit = None if first_limit is None else max(1, temp_share // 4)
 
-    def attempt(target: int, options: dict[str, Any], planner: Planner | None = None) -> _Attempt:
+    def attempt(target: int, options: dict[str, Any], planner: Planner | None = None,
+                limit: int | None = None) -> _Attempt:
       target = max(0, int(target))
       key = (target, id(planner))
       if key not in plans:
         plans[key] = self._plan(program, target, planner)
       plan = plans[key]
+      if limit is not None:
+        options = {**options, **self.target.memory_limit_options(limit, base_mem.peak_bytes)}
       # The fallback planners often return the plan `auto` already chose, and a
       # tighter target can return the same plan: compile each plan once.
       same = (_plan_key(plan), repr(sorted(options.items())))
@@ -295,7 +306,7 @@ class Fitted:
       jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
                         backend=self.backend)
       compiled = jitted.lower(*placed).compile()
-      tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options))
+      tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
       self._log(f"round {len(tried)}: target {format_bytes(target)} -> estimate "
                 f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
                 f"{format_bytes(tried[-1].memory.peak_bytes)} ({len(plan.decisions)} decisions"
@@ -309,7 +320,8 @@ class Fitted:
       Estimates are conservative on some steps (a ResNet-18 plan estimated at
       517 MiB compiled to 342 MiB): the target is raised by the unused bytes,
       and the looser plan is kept when it still fits and its simulated step
-      is faster (less recomputation, fewer copies).
+      is faster (less recomputation, fewer copies). The scheduler limit that
+      fitted is kept.
       """
       if not self.relax:
         return found
@@ -318,7 +330,7 @@ class Fitted:
         unused = budget - found.memory.peak_bytes
         if not found.plan.decisions or unused < RELAX_MIN_UNUSED * budget:
           break
-        looser = attempt(found.plan.estimated_peak_bytes + unused, options, planner)
+        looser = attempt(found.plan.estimated_peak_bytes + unused, options, planner, found.limit)
         if looser.memory.peak_bytes > budget:
           break
         looser_cost = simulate(looser.plan, self.device).step_time_s
@@ -329,25 +341,36 @@ class Fitted:
       return found
 
     def rounds(options: dict[str, Any], planner: Planner | None = None) -> _Attempt | None:
-      """Plan-compile rounds, tightening the target by the compiled overshoot."""
-      target = budget
+      """Plan-compile rounds, tightening the target (and the scheduler limit) by the overshoot."""
+      target, limit = budget, first_limit
       last = None
       for _ in range(self.max_rounds):
-        previous, last = last, attempt(target, options, planner)
+        previous, last = last, attempt(target, options, planner, limit)
         if last.memory.peak_bytes <= budget:
           return relax(last, options, planner)
-        if last.plan.estimated_peak_bytes > target:
-          break  # the planner could not reach its own target: tightening will not help
         if previous is not None and last.memory.peak_bytes >= previous.memory.peak_bytes:
           # A tighter estimate did not lower the compiled peak: what XLA holds
           # at its peak is out of this planner's reach (measured: VGG-16 at
           # batch 35 compiled to 4.04 MiB in every one of 13 rounds).
           break
-        target = min(target, last.plan.estimated_peak_bytes) - (last.memory.peak_bytes - budget)
+        over = last.memory.peak_bytes - budget
+        tighter_limit = (None if limit is None or limit <= floor_limit
+                         else max(floor_limit, limit - over))
+        if last.plan.estimated_peak_bytes > target:
+          # The planner could not reach its own target: a tighter target will
+          # not help, the tightest schedule may (a GPT of 2 blocks on a v5e:
+          # the same remat plan compiled to 141 MiB with the scheduler limited
+          # to 107 MiB of temporaries, to 105 MiB with 62 MiB).
+          if tighter_limit is None:
+            break
+          limit = floor_limit
+          continue
+        target = min(target, last.plan.estimated_peak_bytes) - over
+        limit = tighter_limit if tighter_limit is not None else limit
         if target <= 0:
           break
       if last is None or last.plan.estimated_peak_bytes <= last.plan.target_bytes:
-        last = attempt(0, options, planner)  # the most aggressive plan this planner has
+        last = attempt(0, options, planner, floor_limit)  # the most aggressive plan this planner has
         if last.memory.peak_bytes <= budget:
           return last
       return None
@@ -367,7 +390,7 @@ class Fitted:
       # No plan can fit: the most aggressive plan of each planner gives the
       # smallest peak the error reports.
       for planner in (None, *self._fallback_planners()):
-        attempt(0, {}, planner)
+        attempt(0, {}, planner, floor_limit)
     if found is None:
       best = min(tried, key=lambda t: t.memory.peak_bytes)
       hint = ("" if self.compiler_fallback or target.platform != "cpu" else
@@ -385,25 +408,32 @@ class Fitted:
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
-    return _Entry(result, found.jitted, found.compiled)
+    local = found.jitted
+    if not target.is_local:
+      # The target's compiler options (XLA:TPU's scheduler limit) mean nothing
+      # to the local compiler, which rejects unknown options.
+      local = jit_plan(found.plan, donate_argnums=donate, backend=self.backend)
+    return _Entry(result, found.jitted, found.compiled, local)
 
   def _fallback_planners(self) -> tuple[Planner, ...]:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""
     if self.planner is not auto:
       return ()
-    if self.remat_only:
-      return (PLANNERS["segments-modules"], PLANNERS["greedy-remat"])
+    if self.compiles_for_tpu:
+      return (PLANNERS["segments-modules-offload"], greedy)
     return (greedy, segments)
 
   def _plan(self, program: Program, target: int, planner: Planner | None = None) -> Plan:
     """The planner's plan for ``target``, with this step's copy mode."""
     use = self.planner if planner is None else planner
-    if use is auto and self.remat_only:
-      # Whole segments first: single-value chains cut through XLA:TPU's
-      # fusions (a GPT of 2 blocks at batch 64: greedy-remat's most aggressive
-      # plan compiled to 1.50x the unplanned peak, segments-remat's to 0.51x,
-      # as low as `nothing_saveable` on every block).
-      use = PLANNERS["segments-remat"]
+    if use is auto and self.compiles_for_tpu:
+      # The estimate does not model XLA:TPU's fusion, so `auto`'s ranking by
+      # simulated time does not carry over; whole segments first, their
+      # checkpoints staged to host when recomputing them all is not enough
+      # (single-value chains cut through XLA:TPU's fusions: a GPT of 2 blocks
+      # at batch 64 compiled to 1.50x the unplanned peak under greedy-remat's
+      # most aggressive plan, 0.51x under segments-remat's).
+      use = PLANNERS["segments-offload"]
     return use(program, target, self.device, copies=self.copies, window=self.window)
 
 

@@ -16,6 +16,10 @@
 * ``segments-modules`` -- ``segments-remat`` with segments at the model's own
   module boundaries only (a GPT's decoder blocks: ``nn.remat`` on every
   block, chosen on the program); ``fit``'s second try for TPU targets;
+* ``segments-offload``, ``segments-modules-offload`` -- the same, and when
+  recomputing every segment is not enough, the segments' checkpoints staged
+  to host until the backward pass reaches them (``nn.remat`` per block with
+  the block inputs offloaded, chosen on the program);
 * ``auto`` (also ``best``) -- the fastest simulated plan among the fast planners
   (and the MILP on small programs); the default of ``jaxmem.fit``.
 
@@ -51,6 +55,9 @@ PLANNERS: Mapping[str, Planner] = MappingProxyType({
     "greedy-remat": functools.partial(greedy, allow_offload=False),
     "segments-remat": functools.partial(segments, fill=False),
     "segments-modules": functools.partial(segments, fill=False, group="modules"),
+    "segments-offload": functools.partial(segments, fill=False, offload_checkpoints=True),
+    "segments-modules-offload": functools.partial(segments, fill=False, group="modules",
+                                                  offload_checkpoints=True),
     "auto": auto,
     "best": auto,          # the name it had before it became `fit`'s default
 })

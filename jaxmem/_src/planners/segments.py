@@ -31,6 +31,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxmem._src import _compat
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.ir.program import Phase
@@ -57,6 +58,9 @@ class Segment:
     decisions: one remat per residual, all restored at ``restore``.
     nbytes: bytes of the residuals dropped.
     cost_s: time of one recomputation of the union of their chains.
+    checkpoints: the stored values crossing the cut at ``lo`` that the
+      recomputation starts from (kept until ``restore``; what
+      ``offload_checkpoints`` may stage to host in between).
   """
   lo: int
   hi: int
@@ -64,6 +68,7 @@ class Segment:
   decisions: tuple[Decision, ...]
   nbytes: int
   cost_s: float
+  checkpoints: tuple[int, ...] = ()
 
 
 def forward_cuts(program: AnalyzedProgram) -> list[int]:
@@ -217,14 +222,21 @@ def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
                               pricer.remat_seconds(chain)))
   if not decisions:
     return None
+  # The checkpoints the chains read: stored values (a fused one has no buffer
+  # to stage), plain arrays, made by the step (arguments stay where they are).
+  read = {x for k in union for x in program.ops[k].input_ids()}
+  stored = [c for c in sorted(checkpoint & read)
+            if not program.vars[c].is_input and not program.constant_like[c]
+            and (virtual is None or not virtual[c])
+            and _compat.is_plain_array_aval(program.vars[c].aval)]
   return Segment(lo, hi, restore, tuple(decisions), sum(d.nbytes for d in decisions),
-                 pricer.remat_seconds(sorted(union)))
+                 pricer.remat_seconds(sorted(union)), tuple(stored))
 
 
 def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "sync", window: Window = None,
              min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,
-             group: int | str | None = None) -> Plan:
+             group: int | str | None = None, offload_checkpoints: bool = False) -> Plan:
   """Recompute whole forward segments, the cheapest bytes first, until the estimate fits.
 
   Args:
@@ -245,9 +257,16 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
       fuses what the model stores), finer segments look better than they
       compile, so a caller that compiles (``fit`` on a TPU target) also
       tries ``"modules"`` on its own.
+    offload_checkpoints: when every segment recomputed is not enough, stage
+      the segments' checkpoints to host from their last forward use to the
+      segment's restore (the fewest that fit, largest first): what a
+      transformer user does by hand with ``nn.remat`` on every block and the
+      block inputs offloaded. The checkpoints are stored values by
+      construction, so the copies free real buffers. Applied before ``fill``.
 
   Returns:
-    A :class:`jaxmem.Plan` named ``segments`` (``segments+greedy`` when filled).
+    A :class:`jaxmem.Plan` named ``segments`` (``segments+offload`` with
+    checkpoints staged, ``segments+greedy`` when filled).
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
@@ -297,21 +316,23 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
     consider(_ranked(find_segments(program, device, min_bytes)))
     options = options or [(0.0, [])]
   options.sort(key=lambda o: o[0])
-  best: tuple[float, int, Plan] | None = None
+  best: tuple[float, int, Plan, list[Segment]] | None = None
   fitting = 0
   for guess, segs in options:
     if best is not None and best[0] < float("inf") and guess >= best[0]:
       continue
     if fitting >= max_tries:
       break
-    plan, cost_s = _plan_for_segments(program, budget_bytes, segs, pins, copies, window)
+    plan, cost_s, k = _plan_for_segments(program, budget_bytes, segs, pins, copies, window)
     fits = plan.estimated_peak_bytes <= budget_bytes
     key = (cost_s if fits else float("inf"), plan.estimated_peak_bytes)
     fitting += fits
     if best is None or key < best[:2]:
-      best = (*key, plan)
+      best = (*key, plan, segs[:k])
   assert best is not None
   plan = best[2]
+  if plan.estimated_peak_bytes > budget_bytes and offload_checkpoints:
+    plan = _offload_checkpoints(program, budget_bytes, plan, best[3], device)
   if plan.estimated_peak_bytes > budget_bytes and fill:
     filled = greedy(program, budget_bytes, device, copies=copies, window=window,
                     initial=plan.decisions)
@@ -338,8 +359,8 @@ def _cover(segs: list[Segment], excess: int) -> int:
 
 def _plan_for_segments(program: AnalyzedProgram, budget_bytes: int, segs: list[Segment],
                        pins: tuple[int, ...], copies: CopyMode,
-                       window: Window) -> tuple[Plan, float]:
-  """The shortest fitting prefix of ``segs`` (ranked by :func:`_ranked`) and its cost."""
+                       window: Window) -> tuple[Plan, float, int]:
+  """The shortest fitting prefix of ``segs`` (ranked by :func:`_ranked`), its cost and length."""
   plans: dict[int, Plan] = {}
 
   def plan_of(k: int) -> Plan:
@@ -359,7 +380,7 @@ def _plan_for_segments(program: AnalyzedProgram, budget_bytes: int, segs: list[S
 
   n = len(segs)
   if not fits(n):
-    return plan_of(n), sum(x.cost_s for x in segs)
+    return plan_of(n), sum(x.cost_s for x in segs), n
   # Start where the dropped bytes cover the excess, then walk to the shortest
   # fitting prefix (a few schedule estimates instead of a bisection).
   k = _cover(segs, program.profile.peak_bytes - budget_bytes)
@@ -379,4 +400,67 @@ def _plan_for_segments(program: AnalyzedProgram, budget_bytes: int, segs: list[S
   k = hi
   while k > 0 and fits(k - 1):   # the guess may overshoot by a segment or two
     k -= 1
-  return plan_of(k), sum(x.cost_s for x in segs[:k])
+  return plan_of(k), sum(x.cost_s for x in segs[:k]), k
+
+
+def checkpoint_offloads(program: AnalyzedProgram, chosen: list[Segment],
+                        taken: set[int], pricer: common.Pricer) -> list[Decision]:
+  """Offloads of the chosen segments' checkpoints over their idle stretch before each restore.
+
+  A checkpoint is read by its segment's forward ops, then idle until the
+  backward pass reaches the segment and recomputes it from there (its
+  restore). The gap is from its last event before that restore (its
+  definition, an original use, an earlier restore that read it) to the
+  restore; the fetch lands just before the recomputation, which reads the
+  fetched copy (:func:`~jaxmem._src.plan.schedule.build_schedule` issues
+  fetches before a restore point's recomputation). Values with a remat
+  decision of their own (``taken``) are left alone. Largest first, the
+  longest gap first among equals.
+  """
+  restores: dict[int, set[int]] = {}
+  for seg in chosen:
+    for c in seg.checkpoints:
+      restores.setdefault(c, set()).add(seg.restore)
+  out = []
+  for c, points in restores.items():
+    if c in taken:
+      continue
+    v = program.vars[c]
+    events = sorted({v.defined_by, *v.uses, *points})
+    for a, b in zip(events, events[1:]):
+      if b in points and b - a >= 2:
+        out.append(Decision(c, Action.OFFLOAD, a, b, (), v.nbytes,
+                            pricer.offload_seconds(v.nbytes)))
+  out.sort(key=lambda d: (-d.nbytes, d.start - d.end))
+  return out
+
+
+def _offload_checkpoints(program: AnalyzedProgram, budget_bytes: int, plan: Plan,
+                         chosen: list[Segment], device: DeviceLike) -> Plan:
+  """``plan`` plus the shortest prefix of :func:`checkpoint_offloads` that fits (or all of it)."""
+  cands = checkpoint_offloads(program, chosen, {d.var for d in plan.decisions},
+                              common.Pricer(program, device))
+  if not cands:
+    return plan
+  plans: dict[int, Plan] = {}
+
+  def plan_of(k: int) -> Plan:
+    if k not in plans:
+      plans[k] = dataclasses.replace(
+          common.finish(program, (*plan.decisions, *cands[:k]), budget_bytes, "segments+offload",
+                        plan.pinned, copies=plan.copies, window=plan.window),
+          diagnostics=plan.diagnostics)
+    return plans[k]
+
+  lo, hi = 1, len(cands)
+  if plan_of(hi).estimated_peak_bytes > budget_bytes:
+    # Not enough: keep the prefix with the lowest estimate (more copies can
+    # raise it, a fetch's buffer arriving next to the recomputation).
+    return min((plan_of(hi), plan), key=lambda p: p.estimated_peak_bytes)
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if plan_of(mid).estimated_peak_bytes <= budget_bytes:
+      hi = mid
+    else:
+      lo = mid + 1
+  return plan_of(hi)
