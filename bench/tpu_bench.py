@@ -21,8 +21,7 @@ UNet from examples/), each of
 gives one row: the compiled peak (``argument + output + temp - alias`` of
 ``memory_analysis()``), its fraction of the unplanned peak, the host bytes
 (``host_temp_size_in_bytes``), the compiled FLOPs (``cost_analysis()["flops"]``)
-and their ratio to plain ``jax.jit``, a roofline step-time estimate from the
-compiled program's own cost analysis (:func:`roofline_s`); for the fitted rows also the budget,
+and their ratio to plain ``jax.jit``; for the fitted rows also the budget,
 whether the peak is within it, the plan-compile rounds, the planning seconds,
 the planner and its remat/offload decisions. A ``BudgetError`` is a row with
 the smallest compiled peak jaxmem reached; an exception inside jaxmem is a row
@@ -142,33 +141,11 @@ def bytes_accessed_of(compiled: Any) -> float | None:
   return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
 
 
-def roofline_s(row: dict[str, Any]) -> float | None:
-  """A step-time estimate of a compiled program on the target chip, from its own cost analysis.
-
-  Compute is the roofline of the compiled program (FLOPs at the chip's peak
-  rate, or its HBM traffic at the chip's bandwidth, whichever takes longer);
-  every host byte is copied out and back at the profile's host link rate,
-  overlapped with compute (the best case: a copy that cannot be hidden adds
-  to it). The same formula for every row, jaxmem's or a by-hand policy's; it
-  is not a measurement (nothing runs on a TPU here).
-  """
-  if row.get("flops") is None:
-    return None
-  dev = jaxmem.device_profile(get_target(TARGET).profile)
-  compute = row["flops"] / dev.flops_per_s
-  if row.get("bytes") is not None and dev.memory_bytes_per_s:
-    compute = max(compute, row["bytes"] / dev.memory_bytes_per_s)
-  copies = 2 * row.get("host", 0) / dev.host_bytes_per_s
-  return max(compute, copies)
-
-
 def measure(compiled: Any) -> dict[str, Any]:
   mem = jaxmem.compiled_memory(compiled)
-  row = dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
-             temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
-             flops=flops_of(compiled), bytes=bytes_accessed_of(compiled))
-  row["roofline_s"] = roofline_s(row)
-  return row
+  return dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
+              temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
+              flops=flops_of(compiled), bytes=bytes_accessed_of(compiled))
 
 
 def short_error(e: BaseException) -> str:
@@ -290,8 +267,6 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
         row["peak_fraction"] = row["peak"] / base["peak"]
         if row.get("flops") and base.get("flops"):
           row["flops_ratio"] = row["flops"] / base["flops"]
-        if row.get("roofline_s") and base.get("roofline_s"):
-          row["time_ratio"] = row["roofline_s"] / base["roofline_s"]
       if base is not None:
         row["unplanned_peak"] = base["peak"]
       rows.append(row)
@@ -338,8 +313,8 @@ def refused(r: dict[str, Any]) -> str:
   return f"`BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac}"
 
 
-HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit "
-        "| est. time vs jit | budget MiB | within | rounds | planning s | planner: remat / offload |")
+HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit | budget MiB "
+        "| within | rounds | planning s | planner: remat / offload |")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -348,15 +323,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
       lines.append(head + f"| {refused(r)} "
-                   f"| - | - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} "
-                   "| - |")
+                   f"| - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} | - |")
       continue
     if r["status"] != "ok":
       err = r["error"].replace("|", "\\|")
-      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - | - |")
+      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - |")
       continue
     cells = [mib(r["peak"]), fmt_ratio(r, "peak_fraction"), mib(r["host"]), fmt_flops(r),
-             fmt_ratio(r, "flops_ratio"), fmt_ratio(r, "time_ratio")]
+             fmt_ratio(r, "flops_ratio")]
     if "rounds" in r:
       cells += [mib(r["budget"]), "yes" if r["within"] else "**NO**", str(r["rounds"]),
                 f"{r['planning_s']:.1f}", f"{r['planner']}: {r['remat']} / {r['offload']}"]
@@ -419,12 +393,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "`cost_analysis()[\"flops\"]` / 1e9. `policy:` rows apply JAX's "
       "`jax.checkpoint_policies` by hand to every block (`nn.remat`; `offload_*` to "
       "`pinned_host`); `fit(f)` rows are `jaxmem.fit(f, target=\"tpu:v5e\")`, planning s "
-      "being its plan-and-compile time (every compile included). Est. time = the compiled "
-      "program's roofline on a v5e (its FLOPs at 197 TFLOP/s or its `bytes accessed` at "
-      "819 GB/s, whichever is longer), or its host bytes copied out and back at the "
-      "`tpu-v5e` profile's assumed 25.6 GB/s host link if that is longer (copies "
-      "overlapped: the best case for offload), relative to jit's: a model of the step "
-      "time, not a measurement.",
+      "being its plan-and-compile time (every compile included). Nothing ran on a TPU, so "
+      "there is no step time: the extra FLOPs are the recomputation's cost, and the host "
+      "bytes cross the host link twice per step (at the `tpu-v5e` profile's assumed "
+      "25.6 GB/s, 100 MiB out and back take about 8 ms unless overlapped with compute). "
+      "`xla-remat(f)` rows compile plain `jax.jit` with `xla_tpu_max_hbm_size_mib` at f "
+      "of the unplanned peak: XLA:TPU's own rematerialization, which fails the compile "
+      "with the bytes it needed when it cannot get there (a libtpu option, not a JAX API).",
       "",
       f"{summary(rows)}.",
       "",
@@ -438,17 +413,17 @@ def readme_excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       f"`{command(meta)}` ({meta_line(meta)}; full table `bench/results/tpu.md`). "
       f"{sizes(rows)}. {summary(rows)}.",
       "",
-      "| model | method | TPU peak | of jit | host | FLOPs vs jit | est. time vs jit | fit: budget, "
-      "rounds, planning, planner: remat / offload |",
-      "|---|---|---|---|---|---|---|---|",
+      "| model | method | TPU peak | of jit | host | FLOPs vs jit | fit: budget, rounds, planning, "
+      "planner: remat / offload |",
+      "|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
       lines.append(head + f"| {refused(r)} "
-                   f"| | | | | budget {mib(r['budget'])} MiB, {r['planning_s']:.0f} s |")
+                   f"| | | | budget {mib(r['budget'])} MiB, {r['planning_s']:.0f} s |")
     elif r["status"] != "ok":
-      lines.append(head + "| error (see `bench/results/tpu.md`) | | | | | |")
+      lines.append(head + "| error (see `bench/results/tpu.md`) | | | | |")
     else:
       fit = (f"{mib(r['budget'])} MiB {'within' if r['within'] else '**OVER**'}"
              if "budget" in r else "")
@@ -456,9 +431,8 @@ def readme_excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         fit += (f", {r['rounds']} rounds, {r['planning_s']:.0f} s, {r['planner']}: "
                 f"{r['remat']} / {r['offload']}")
       flops = f"{r['flops_ratio']:.2f}x" if "flops_ratio" in r else "-"
-      est = f"{r['time_ratio']:.2f}x" if "time_ratio" in r else "-"
       lines.append(head + f"| {mib(r['peak'])} MiB | {fmt_ratio(r, 'peak_fraction')} | "
-                   f"{mib(r['host'])} MiB | {flops} | {est} | {fit} |")
+                   f"{mib(r['host'])} MiB | {flops} | {fit} |")
   return "\n".join(lines)
 
 

@@ -238,3 +238,38 @@ def test_a_bad_group_is_refused(chain, group):
   _, _, prog = chain
   with pytest.raises(ValueError, match="`group`"):
     segments_mod.segments(prog, prog.peak_bytes // 2, group=group)
+
+
+def test_checkpoints_are_offloaded_when_recomputing_every_segment_is_not_enough(chain):
+  """``segments-offload``: the checkpoints recomputation starts from go to host until their restore."""
+  step, args, prog = chain
+  remat = jaxmem.get_planner("segments-remat")(prog, 0, "h100-pcie")
+  plan = jaxmem.get_planner("segments-offload")(prog, 0, "h100-pcie")
+  assert remat.num_remat and not remat.num_offload
+  assert plan.planner == "segments+offload" and plan.num_offload
+  assert {d.var for d in plan.decisions if d.action is Action.REMAT} == {
+      d.var for d in remat.decisions}
+  remats = [d for d in plan.decisions if d.action is Action.REMAT]
+  virtual = prog.profile.virtual
+  for d in plan.decisions:
+    if d.action is Action.OFFLOAD:
+      # A stored value that a segment's recomputation reads, fetched just
+      # before that restore point.
+      readers = [r for r in remats if r.end == d.end
+                 and any(d.var in prog.ops[k].input_ids() for k in r.recompute)]
+      assert readers and not virtual[d.var] and not prog.vars[d.var].is_input
+  assert plan.estimated_peak_bytes < remat.estimated_peak_bytes
+  # Rewritten by the CPU's backend: the same values (the fetched copy is exact),
+  # and a compiled peak below the remat-only plan's.
+  got = jit_plan(plan).lower(*args).compile()
+  np.testing.assert_array_equal(got(*args), jit_plan(remat)(*args))
+  base = jit_plan(remat).lower(*args).compile()
+  assert (jaxmem.compiled_memory(got).peak_bytes < jaxmem.compiled_memory(base).peak_bytes)
+
+
+def test_checkpoint_offloads_are_only_added_when_remat_does_not_fit(chain):
+  _, _, prog = chain
+  loose = int(0.9 * prog.peak_bytes)
+  a = jaxmem.get_planner("segments-offload")(prog, loose, "h100-pcie")
+  b = jaxmem.get_planner("segments-remat")(prog, loose, "h100-pcie")
+  assert not a.num_offload and [d.var for d in a.decisions] == [d.var for d in b.decisions]
