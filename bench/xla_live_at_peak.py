@@ -116,6 +116,9 @@ def main() -> None:
   parser.add_argument("--planner", default=None, help="compile the step planned by this planner")
   parser.add_argument("--budget", type=float, default=0.5,
                       help="with --planner: fraction of the estimated peak (default 0.5)")
+  parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
+                      help="compile with this XLA option (repeatable), e.g. the scheduler "
+                           "limit `jaxmem.fit` sets for a TPU target (FitResult.compiler_options)")
   args = parser.parse_args()
   if args.dump is None and "XLA_FLAGS" not in os.environ:
     # The dump flag must be set before jax starts: re-run this script with it.
@@ -143,7 +146,12 @@ def main() -> None:
     plan = jaxmem.get_planner(args.planner)(prog, int(args.budget * prog.peak_bytes),
                                             target.profile)
     print(plan.summary())
-    jitted = jit_plan(plan, backend=resolve_backend("auto", target.platform))
+    options = {}
+    for item in args.xla_option:
+      name, _, value = item.partition("=")
+      options[name] = int(value) if value.lstrip("-").isdigit() else value
+    jitted = jit_plan(plan, backend=resolve_backend("auto", target.platform),
+                      compiler_options=options or None)
     module = "jit_planned"
   else:
     jitted = jax.jit(step)
