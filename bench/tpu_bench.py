@@ -130,22 +130,11 @@ def flops_of(compiled: Any) -> float | None:
   return float(cost["flops"])
 
 
-def bytes_accessed_of(compiled: Any) -> float | None:
-  """``compiled.cost_analysis()["bytes accessed"]`` (HBM traffic XLA's cost model counts)."""
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 (a backend without a cost model)
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
-
-
 def measure(compiled: Any) -> dict[str, Any]:
   mem = jaxmem.compiled_memory(compiled)
   return dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
               temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
-              flops=flops_of(compiled), bytes=bytes_accessed_of(compiled))
+              flops=flops_of(compiled))
 
 
 def short_error(e: BaseException) -> str:
