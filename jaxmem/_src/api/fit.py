@@ -284,8 +284,7 @@ class Fitted:
     # (`Target.memory_limit_options`; XLA:TPU only). Rounds tighten it down to
     # a quarter of that share; ``None`` where the target takes no limit.
     temp_share = budget - (base_mem.peak_bytes - base_mem.temp_bytes)
-    limits = bool(self.target.memory_limit_options(max(temp_share, 1), base_mem.peak_bytes))
-    first_limit = temp_share if limits and temp_share > 0 else None
+    first_limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
     floor_limit = None if first_limit is None else max(1, temp_share // 4)
 
     def attempt(target: int, options: dict[str, Any], planner: Planner | None = None,

@@ -132,6 +132,11 @@ class Target:
 
     return jax.tree_util.tree_map(one, args)
 
+  @property
+  def takes_memory_limit(self) -> bool:
+    """Whether :meth:`memory_limit_options` can steer this target's scheduler (TPU targets)."""
+    return self.platform == "tpu"
+
   def memory_limit_options(self, temp_limit_bytes: int, reference_bytes: int) -> dict[str, int]:
     """XLA options that make the target's scheduler keep temporaries within ``temp_limit_bytes``.
 
@@ -158,7 +163,7 @@ class Target:
       >>> get_target("tpu:v5e").memory_limit_options(100 * 2**20, 400 * 2**20)
       {'xla_tpu_max_hbm_size_mib': 833, 'xla_tpu_scheduler_percent_shared_memory_limit': 12}
     """
-    if self.platform != "tpu" or temp_limit_bytes <= 0:
+    if not self.takes_memory_limit or temp_limit_bytes <= 0:
       return {}
     mib = 2 ** 20
     span = max(2 * reference_bytes, temp_limit_bytes)
