@@ -380,7 +380,10 @@ def command(meta: dict[str, Any]) -> str:
 
 
 def meta_line(meta: dict[str, Any]) -> str:
-  return (f"jax {meta['jax']}, libtpu {meta['libtpu']}, {meta['date']}: XLA:TPU's compiled "
+  runs = [meta, *meta.get("earlier_runs", [])]
+  when = "; ".join(f"{', '.join(r.get('models', []))}: {r['date']} at {r.get('commit', '?')}"
+                   for r in runs)
+  return (f"jax {meta['jax']}, libtpu {meta['libtpu']}; {when}: XLA:TPU's compiled "
           f"program for one {meta['device_kind']} chip (`target=\"{meta['target']}\"`), compiled "
           "ahead of time on a CPU-only machine; no step was run on a TPU")
 
@@ -493,12 +496,13 @@ def main() -> None:
     data = json.loads((out / "tpu.json").read_text())
     write(out, data["rows"], data["meta"])
     return
+  started_at = commit()   # what this run imported, not what the tree holds when it ends
   rows = run(names, a.quick)
   target = get_target(TARGET)
   meta = dict(jax=jax.__version__, libtpu=importlib.metadata.version("libtpu"),
               jaxmem=getattr(jaxmem, "__version__", "?"), target=TARGET,
               device_kind=target.devices[0].device_kind, date=time.strftime("%Y-%m-%d %H:%M"),
-              quick=a.quick, models=names, wall_s=time.perf_counter() - T0, commit=commit(),
+              quick=a.quick, models=names, wall_s=time.perf_counter() - T0, commit=started_at,
               note="XLA:TPU compiled program for TPU v5e, compiled ahead of time on a CPU-only "
                    "machine; no step was run on a TPU")
   out.mkdir(parents=True, exist_ok=True)
