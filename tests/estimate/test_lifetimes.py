@@ -88,6 +88,41 @@ def test_a_fused_value_keeps_its_inputs_alive_until_its_last_use():
   assert prof.live_bytes[2] == 4 + 8 + 8     # a, x and y; the mask itself takes nothing
 
 
+def test_operand_fusing_consumers_recompute_a_cheap_value_instead_of_storing_it():
+  # XLA:TPU's convolution fusions: x = matmul(a) (step 0), p = cheap(x) (step 1)
+  # read by two matmuls, one at step 2 and one at step 4 (the backward pass);
+  # step 3 is an unrelated matmul whose 2-byte output is read at step 4.
+  kinds = [M, C, M, M, M]
+  ins, outs = [[0], [1], [2], [0], [2, 4]], [[1], [2], [3], [4], [5]]
+  nbytes = [4, 8, 8, 2, 2, 2]
+  stored = _flow(kinds, ins, outs, nbytes, materialized=[0, 3, 5])
+  prof, virtual = estimate(stored)
+  assert not virtual[2]                      # XLA:CPU: matmuls read a stored p
+  # At step 3: a (4), p (8, read again at step 4), the output of step 2 (2) and step 3's (2).
+  assert prof.live_bytes[3] == 4 + 8 + 2 + 2
+  fusing = dataclasses.replace(stored, fuses_operands=[True] * 5)
+  prof, virtual = estimate(fusing)
+  assert virtual[2]                          # computed inside each matmul's fusion
+  # p takes nothing, x (8) lives until step 4 instead: the same bytes at step 3,
+  # but x's interval now covers p's readers.
+  assert prof.intervals[1] == (0, 4)
+  assert prof.live_bytes[3] == 4 + 8 + 2 + 2
+  # Only the consumers that fuse operands count: one that does not keeps p stored.
+  one = dataclasses.replace(stored, fuses_operands=[False, False, True, False, False])
+  assert not estimate(one)[1][2]
+
+
+def test_a_cheap_value_shared_with_a_reduction_is_duplicated_where_the_compiler_does():
+  # e = cheap(x) (step 0) read by a reduction s (step 1) and by a cheap step q
+  # (step 2), both feeding a matmul (step 3): the softmax's exp, its row sum and
+  # the probabilities.
+  flow = _flow([C, R, C, M], [[0], [1], [1, 2], [3]], [[1], [2], [3], [4]], [8, 8, 1, 8, 4],
+               materialized=[0, 4])
+  assert not estimate(flow)[1][1]            # XLA:CPU stores e for the reduction
+  tpu = dataclasses.replace(flow, duplicates_into_reductions=True)
+  assert estimate(tpu)[1][1]                 # XLA:TPU computes it in both fusions
+
+
 def test_common_subexpressions_are_stored_once():
   key = ("concatenate", "params", (), ("f32[4]",))
   # Two identical steps on the same input: the second merges into the first.

@@ -45,6 +45,8 @@ class AnalyzedProgram(Program):
     rematerializable: per op, a recomputation may re-execute it: no effects,
       no body of its own, and a primitive the registry allows
       (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.rematerializable`).
+    operand_fusions: per op, the compiler fuses elementwise producers into
+      its operands (:func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
   """
   profile: Profile
   memory: tuple[OpMemory, ...]
@@ -56,6 +58,7 @@ class AnalyzedProgram(Program):
   dead: tuple[bool, ...]
   fused: tuple[bool, ...]
   rematerializable: tuple[bool, ...]
+  operand_fusions: tuple[bool, ...] = ()
 
   @property
   def peak_bytes(self) -> int:
@@ -85,7 +88,8 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   keys = xla_model.cse_keys(program)
   hoisted = xla_model.hoisted_constants(program)
   movable = xla_model.movable_ops(program)
-  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable))[0]
+  fusing = xla_model.operand_fusions(program)
+  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -100,12 +104,12 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   return AnalyzedProgram(**fields, profile=profile, memory=memory, planned_memory=planned,
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
-                         fused=fused, rematerializable=remat)
+                         fused=fused, rematerializable=remat, operand_fusions=fusing)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
-                    movable: tuple[bool, ...]) -> Flow:
+                    movable: tuple[bool, ...], fusing: tuple[bool, ...]) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   return Flow(
@@ -121,7 +125,9 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       hoist_to_start=hoisted,
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
                     for op, m in zip(program.ops, memory)],
-      movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program))
+      movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program),
+      fuses_operands=fusing,
+      duplicates_into_reductions=xla_model.duplicates_into_reductions(program))
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

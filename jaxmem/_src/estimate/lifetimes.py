@@ -103,8 +103,14 @@ class Flow:
     cse_keys: per step, its key for XLA's CSE (None: never merged).
     on_chip: bytes of temporaries the compiler may keep in on-chip memory
       instead of device memory (a TPU's VMEM): at every position, live
-      temporaries up to this many bytes are not counted. Arguments, outputs
-      and constants always count.
+      temporaries up to this many bytes are not counted. Arguments, outputs,
+      constants and any buffer larger than the on-chip memory always count.
+    fuses_operands: per step, whether the compiler fuses elementwise
+      producers into it although its own result is stored (XLA:TPU's
+      convolution fusions: see
+      :func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
+    duplicates_into_reductions: whether a cheap producer read by a reduction
+      and by other consumers is duplicated into each instead of stored.
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -121,6 +127,8 @@ class Flow:
   movable: Sequence[bool] | None = None
   cse_keys: Sequence[CseKey | None] | None = None
   on_chip: int = 0
+  fuses_operands: Sequence[bool] | None = None
+  duplicates_into_reductions: bool = False
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -239,11 +247,14 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       if kind is Fusion.VIEW and flow.step_inputs[s]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
-        ckinds = [flow.step_kind[c] for c in _through_aliases(flow, consumers, o)]
-        if not all(k in FUSIBLE_CONSUMERS for k in ckinds):
+        cs = _through_aliases(flow, consumers, o)
+        ckinds = [flow.step_kind[c] for c in cs]
+        if not all(k in FUSIBLE_CONSUMERS or (flow.fuses_operands and flow.fuses_operands[c])
+                   for k, c in zip(ckinds, cs)):
           continue
-        if Fusion.REDUCE in ckinds and len(ckinds) > 1:
-          continue        # XLA does not duplicate a producer into a reduction
+        if (Fusion.REDUCE in ckinds and len(ckinds) > 1
+            and not flow.duplicates_into_reductions):
+          continue        # XLA:CPU does not duplicate a producer into a reduction
       else:
         continue
       virtual[o] = True
@@ -277,12 +288,14 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     transient[pos[s]] += t
   live = _live_curve(flow.num_steps + 1, starts, ends, sizes) + np.asarray(transient, np.int64)
   if flow.on_chip > 0:
-    # Arguments, outputs and constants stay in device memory; of the rest, up
-    # to `on_chip` bytes at any position are on chip and off the count.
-    fixed = _live_curve(flow.num_steps + 1, starts, ends,
-                        [sizes[i] if i < len(ids) and ids[i] in flow.materialized else 0
-                         for i in range(len(sizes))])
-    live = fixed + np.maximum(0, live - fixed - flow.on_chip)
+    # Arguments, outputs and constants stay in device memory, and so does a
+    # buffer larger than the on-chip memory; of the other temporaries, up to
+    # `on_chip` bytes at any position are on chip and off the count.
+    fits = _live_curve(flow.num_steps + 1, starts, ends,
+                       [b if b <= flow.on_chip and (i >= len(ids) or ids[i] not in flow.materialized)
+                        else 0 for i, b in enumerate(sizes)])
+    fits = fits + np.asarray(transient, np.int64)
+    live = live - np.minimum(fits, flow.on_chip)
   prof = _profile_of(live, starts, ends, sizes)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
   for v, keep in merged.items():      # stored by the value it was merged into

@@ -212,10 +212,13 @@ class Schedule:
     keys = prog.cse_keys
     cse = [keys[st.op] if st.kind is StepKind.COMPUTE and not st.recompute else None
            for st in self.steps]
+    fusing = prog.operand_fusions or (False,) * prog.num_ops
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
                           [self.value_bytes(v) for v in range(nvals)], materialized,
                           frozenset(hoist), shared, movable, cse,
-                          xla_model.on_chip_bytes(prog))
+                          xla_model.on_chip_bytes(prog),
+                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
+                          xla_model.duplicates_into_reductions(prog))
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:
