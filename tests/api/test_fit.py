@@ -101,6 +101,27 @@ def test_budget_below_anything_reachable(mlp_small):
   assert ok.fit_result(*args).peak_bytes <= err.smallest_bytes
 
 
+def test_smallest_reachable_includes_the_unplanned_program():
+  # A 2-layer tanh MLP whose every plan compiles above plain `jax.jit` on
+  # XLA:CPU (fences store what XLA fused): the floor is the unplanned peak,
+  # and asking for it is answered with no plan at all.
+  def loss(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return jnp.sum(x * x)
+
+  def step(ws, x):
+    return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws, x))]
+
+  args = ([jnp.full((256, 256), 0.01)] * 2, jnp.ones((256, 256)))
+  base = jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(1)(step)(*args)
+  assert info.value.smallest_bytes <= base
+  ok = jaxmem.fit(info.value.smallest_bytes)(step).fit_result(*args)
+  assert ok.peak_bytes <= info.value.smallest_bytes
+
+
 def test_non_array_argument_is_explained():
   fitted = jaxmem.fit(0.5)(lambda x, tag: x * 2)
   with pytest.raises(TypeError, match=r"argument 1 is a str.*static_argnums=\(1,\)"):

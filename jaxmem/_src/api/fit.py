@@ -392,6 +392,13 @@ class Fitted:
         attempt(0, {}, planner, floor_limit)
     if found is None:
       best = min(tried, key=lambda t: t.memory.peak_bytes)
+      # The unplanned program is a candidate too: a budget of its own peak
+      # always works ("already fits"), so no smaller-looking plan may hide it.
+      smallest, holders = best.memory.peak_bytes, _holders(best.plan)
+      if base_mem.peak_bytes <= smallest:
+        smallest = base_mem.peak_bytes
+        holders = _holders(Plan(program, (), budget, program.peak_bytes, program.peak_bytes,
+                                "none"))
       hint = ("" if self.compiler_fallback or target.platform != "cpu" else
               " `compiler_fallback=True` would also try XLA:CPU lowerings without YNNPACK "
               "fusions (not bit-identical to jax.jit).")
@@ -403,7 +410,7 @@ class Fitted:
           f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
           f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
           f"{format_bytes(base_mem.peak_bytes)}).{hint}",
-          budget_bytes=budget, smallest_bytes=best.memory.peak_bytes, holders=_holders(best.plan))
+          budget_bytes=budget, smallest_bytes=smallest, holders=holders)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
