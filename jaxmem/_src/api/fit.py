@@ -433,8 +433,9 @@ class Fitted:
     """The planner's plan for ``target``, with this step's copy mode."""
     use = self.planner if planner is None else planner
     if use is auto and self.compiles_for_tpu:
-      # The estimate does not model XLA:TPU's fusion, so `auto`'s ranking by
-      # simulated time does not carry over; whole segments first, their
+      # The estimate models XLA:TPU's fusion only in part (which convolution
+      # inputs it stores is not known), so `auto`'s ranking by simulated time
+      # does not carry over; whole segments first, their
       # checkpoints staged to host when recomputing them all is not enough
       # (single-value chains cut through XLA:TPU's fusions: a GPT of 2 blocks
       # at batch 64 compiled to 1.50x the unplanned peak under greedy-remat's
