@@ -89,7 +89,7 @@ def test_a_fused_value_keeps_its_inputs_alive_until_its_last_use():
 
 
 def test_operand_fusing_consumers_recompute_a_cheap_value_instead_of_storing_it():
-  # XLA:TPU's convolution fusions: x = matmul(a) (step 0), p = cheap(x) (step 1)
+  # XLA:TPU's dot fusions: x = matmul(a) (step 0), p = cheap(x) (step 1)
   # read by two matmuls, one at step 2 and one at step 4 (the backward pass);
   # step 3 is an unrelated matmul whose 2-byte output is read at step 4.
   kinds = [M, C, M, M, M]
@@ -110,17 +110,6 @@ def test_operand_fusing_consumers_recompute_a_cheap_value_instead_of_storing_it(
   # Only the consumers that fuse operands count: one that does not keeps p stored.
   one = dataclasses.replace(stored, fuses_operands=[False, False, True, False, False])
   assert not estimate(one)[1][2]
-
-
-def test_a_cheap_value_shared_with_a_reduction_is_duplicated_where_the_compiler_does():
-  # e = cheap(x) (step 0) read by a reduction s (step 1) and by a cheap step q
-  # (step 2), both feeding a matmul (step 3): the softmax's exp, its row sum and
-  # the probabilities.
-  flow = _flow([C, R, C, M], [[0], [1], [1, 2], [3]], [[1], [2], [3], [4]], [8, 8, 1, 8, 4],
-               materialized=[0, 4])
-  assert not estimate(flow)[1][1]            # XLA:CPU stores e for the reduction
-  tpu = dataclasses.replace(flow, duplicates_into_reductions=True)
-  assert estimate(tpu)[1][1]                 # XLA:TPU computes it in both fusions
 
 
 def test_common_subexpressions_are_stored_once():

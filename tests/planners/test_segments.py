@@ -273,3 +273,4 @@ def test_checkpoint_offloads_are_only_added_when_remat_does_not_fit(chain):
   a = jaxmem.get_planner("segments-offload")(prog, loose, "h100-pcie")
   b = jaxmem.get_planner("segments-remat")(prog, loose, "h100-pcie")
   assert not a.num_offload and [d.var for d in a.decisions] == [d.var for d in b.decisions]
+

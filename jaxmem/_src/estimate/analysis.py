@@ -126,8 +126,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
                     for op, m in zip(program.ops, memory)],
       movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program),
-      fuses_operands=fusing,
-      duplicates_into_reductions=xla_model.duplicates_into_reductions(program))
+      fuses_operands=fusing)
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

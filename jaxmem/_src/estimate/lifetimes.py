@@ -107,10 +107,8 @@ class Flow:
       constants and any buffer larger than the on-chip memory always count.
     fuses_operands: per step, whether the compiler fuses elementwise
       producers into it although its own result is stored (XLA:TPU's
-      convolution fusions: see
+      dot fusions: see
       :func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
-    duplicates_into_reductions: whether a cheap producer read by a reduction
-      and by other consumers is duplicated into each instead of stored.
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -128,7 +126,6 @@ class Flow:
   cse_keys: Sequence[CseKey | None] | None = None
   on_chip: int = 0
   fuses_operands: Sequence[bool] | None = None
-  duplicates_into_reductions: bool = False
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -252,9 +249,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         if not all(k in FUSIBLE_CONSUMERS or (flow.fuses_operands and flow.fuses_operands[c])
                    for k, c in zip(ckinds, cs)):
           continue
-        if (Fusion.REDUCE in ckinds and len(ckinds) > 1
-            and not flow.duplicates_into_reductions):
-          continue        # XLA:CPU does not duplicate a producer into a reduction
+        if Fusion.REDUCE in ckinds and len(ckinds) > 1:
+          continue        # XLA does not duplicate a producer into a reduction
       else:
         continue
       virtual[o] = True

@@ -332,33 +332,29 @@ def movable_ops(program: Program) -> tuple[bool, ...]:
 def operand_fusions(program: Program) -> tuple[bool, ...]:
   """Per op, whether the compiler fuses elementwise producers into its operands.
 
-  XLA:TPU builds convolution fusions: a dot or convolution whose operand is an
-  elementwise chain computes that chain inside its own fusion, so the chain's
-  result is never stored and it is recomputed at every such consumer, in the
-  backward pass too, from the values it reads (measured on the GPT example
-  for a v5e: the softmax probabilities are recomputed inside both the forward
-  ``probs @ v`` fusion and the backward one from the stored masked logits,
-  and the GELU output inside the next layer's matmuls from the stored
-  pre-activation: estimate +97% -> +8% of the compiled peak, with
-  :func:`duplicates_into_reductions`; ``bench/results/tpu_estimate.md``).
-  XLA:CPU calls a library for these ops and reads stored operands: all
-  ``False`` there.
+  XLA:TPU fuses the elementwise chain that feeds a dot into the dot's own
+  fusion, so the chain's result is never stored and it is recomputed at
+  every such dot, in the backward pass too, from the values it reads
+  (measured on the GPT example for a v5e: the softmax probabilities are
+  recomputed inside both the forward ``probs @ v`` fusion and the backward
+  one from the stored masked logits, and the GELU output inside the next
+  layer's matmuls from the stored pre-activation: estimate +97% -> +10% of
+  the compiled peak; ``bench/results/tpu_estimate.md``).
+
+  Convolutions are left out on purpose. XLA:TPU does the same for some
+  convolution operands (a ResNet-18 stores its convolution outputs, not
+  their BatchNorm + ReLU) but not for others (a UNet stores the ReLU output
+  of a convolution's output fusion next to the convolution's own output);
+  counting every convolution operand as fused took the estimate of the
+  ResNet-18 from +31% to -15% and of held-out VGG and DenseNet steps to -23%
+  and -29%. An estimate below the compiled peak misleads a budget more than
+  one above it, so convolutions keep XLA:CPU's rule (operands stored).
+  XLA:CPU calls a library for dots and reads stored operands: all ``False``
+  there.
   """
   if program.backend != "tpu":
     return (False,) * program.num_ops
-  return tuple(primitives.facts(op.primitive).matrix_unit and not op.has_body
-               for op in program.ops)
-
-
-def duplicates_into_reductions(program: Program) -> bool:
-  """Whether the compiler duplicates a cheap producer into a reduction that shares it.
-
-  XLA:CPU does not: a value read by a reduction and by another consumer is
-  stored. XLA:TPU does (multi-output and sibling fusion): the softmax's
-  ``exp`` is computed in the fusion of its row sum and again in the
-  probabilities' fusion, and never stored (the GPT example for a v5e).
-  """
-  return program.backend == "tpu"
+  return tuple(op.primitive == "dot_general" for op in program.ops)
 
 
 def on_chip_bytes(program: Program) -> int:
@@ -368,8 +364,8 @@ def on_chip_bytes(program: Program) -> int:
   for part of their lives; the model lets up to
   :attr:`~jaxmem._src.estimate.targets.Chip.on_chip_bytes` of the live
   temporaries at any point stay there, each no larger than that (a
-  ResNet-18 step for a v5e keeps its 128 MiB activations in HBM: -14% ->
-  -6% of the compiled peak once they are excluded). 0 for other backends.
+  ResNet-18 step for a v5e keeps its 128 MiB activations in HBM, and no
+  buffer that large fits in 112 MiB). 0 for other backends.
   """
   if program.backend != "tpu":
     return 0
@@ -377,7 +373,7 @@ def on_chip_bytes(program: Program) -> int:
   return chip.on_chip_bytes if chip is not None else 0
 
 
-__all__ = ["CseKey", "OpMemory", "cse_keys", "duplicates_into_reductions", "hidden_bytes",
+__all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes",
            "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
            "op_fusion_kind", "op_memory_model", "op_memory_models", "operand_fusions",
            "shared_broadcasts", "stored_broadcast_spans"]

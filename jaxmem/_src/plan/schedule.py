@@ -217,8 +217,7 @@ class Schedule:
                           [self.value_bytes(v) for v in range(nvals)], materialized,
                           frozenset(hoist), shared, movable, cse,
                           xla_model.on_chip_bytes(prog),
-                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
-                          xla_model.duplicates_into_reductions(prog))
+                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps])
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:
