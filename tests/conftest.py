@@ -40,6 +40,10 @@ def _clean_store():
   from jaxmem import native
   native.store_clear()
   yield
+  # A step is dispatched asynchronously: let the last one finish its copies
+  # before counting what is left in the store.
+  import jax
+  jax.effects_barrier()
   stats = native.store_stats()
   native.store_clear()
   # Every offloaded value must have been fetched back: nothing leaks from a step.

@@ -183,7 +183,7 @@ def test_plans_once_per_signature(mlp_small):
   fitted.lower(*args)
   assert len(seen) == n
   smaller = (args[0], args[1], args[2][:128], args[3][:128])
-  fitted(*smaller)
+  jax.block_until_ready(fitted(*smaller))
   assert len(seen) > n
 
 
