@@ -105,15 +105,11 @@ def test_smallest_reachable_includes_the_unplanned_program():
   # A 2-layer tanh MLP whose every plan compiles above plain `jax.jit` on
   # XLA:CPU (fences store what XLA fused): the floor is the unplanned peak,
   # and asking for it is answered with no plan at all.
-  def loss(ws, x):
-    for w in ws:
-      x = jnp.tanh(x @ w)
-    return jnp.sum(x * x)
+  grad, args = models.tanh_mlp(depth=2, width=256, batch=256)
 
   def step(ws, x):
-    return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws, x))]
+    return [w - 0.1 * g for w, g in zip(ws, grad(ws, x))]
 
-  args = ([jnp.full((256, 256), 0.01)] * 2, jnp.ones((256, 256)))
   base = jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
   with pytest.raises(jaxmem.BudgetError) as info:
     jaxmem.fit(1)(step)(*args)
