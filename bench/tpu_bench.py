@@ -453,7 +453,16 @@ def merge(path: pathlib.Path, rows: list[dict[str, Any]], names: list[str]
   kept = [r for r in old.get("rows", []) if r["model"] not in names]
   order = {m: i for i, m in enumerate(MODELS)}
   merged = sorted(kept + rows, key=lambda r: order.get(r["model"], len(order)))
-  return merged, [dict(old.get("meta", {}), models=sorted({r["model"] for r in kept}))]
+  # Each kept row stays attributed to the run that measured it (that run's
+  # meta, or one of the runs it had kept in turn).
+  kept_models = {r["model"] for r in kept}
+  old_meta = old.get("meta", {})
+  earlier = []
+  for run in [old_meta, *old_meta.get("earlier_runs", [])]:
+    models = [m for m in run.get("models", []) if m in kept_models]
+    if models:
+      earlier.append({**{k: v for k, v in run.items() if k != "earlier_runs"}, "models": models})
+  return merged, earlier
 
 
 def commit() -> str:
