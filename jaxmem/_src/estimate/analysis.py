@@ -58,7 +58,7 @@ class AnalyzedProgram(Program):
   dead: tuple[bool, ...]
   fused: tuple[bool, ...]
   rematerializable: tuple[bool, ...]
-  operand_fusions: tuple[bool, ...] = ()
+  operand_fusions: tuple[bool, ...]
 
   @property
   def peak_bytes(self) -> int:

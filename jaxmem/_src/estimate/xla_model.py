@@ -232,7 +232,6 @@ def op_fusion_kind(program: Program, op: Op) -> Fusion:
   return facts.fusion
 
 
-
 def op_memory_model(program: Program, *, planned: bool) -> tuple[OpMemory, ...]:
   """Per op, its :class:`OpMemory`.
 

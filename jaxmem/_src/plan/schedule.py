@@ -212,7 +212,7 @@ class Schedule:
     keys = prog.cse_keys
     cse = [keys[st.op] if st.kind is StepKind.COMPUTE and not st.recompute else None
            for st in self.steps]
-    fusing = prog.operand_fusions or (False,) * prog.num_ops
+    fusing = prog.operand_fusions
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
                           [self.value_bytes(v) for v in range(nvals)], materialized,
                           frozenset(hoist), shared, movable, cse,

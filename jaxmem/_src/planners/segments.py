@@ -455,10 +455,11 @@ def _offload_checkpoints(program: AnalyzedProgram, budget_bytes: int, plan: Plan
   lo, hi = 1, len(cands)
   if budget_bytes <= 0:
     # A target of nothing asks for the most aggressive plan: every checkpoint
-    # staged, whatever the estimate says (`jaxmem.fit` compiles it and keeps
-    # it only if the compiled peak is lower; the GPT at 0.3 of its peak on a
-    # v5e: 373 MiB compiled without the offloads, 352 MiB with them, where the
-    # estimate saw no gain).
+    # staged, whatever the estimate says (`jaxmem.fit` compiles it as its last
+    # attempt and keeps it only if the compiled peak is lower). On XLA:TPU the
+    # estimate can see no gain where the compiled program has one: the GPT at
+    # 0.3 of its peak on a v5e compiled to 373 MiB with its segments
+    # recomputed and no offloads, above a plan with checkpoints staged.
     return plan_of(hi)
   if plan_of(hi).estimated_peak_bytes > budget_bytes:
     # Not enough: keep the prefix with the lowest estimate (more copies can
