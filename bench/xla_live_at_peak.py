@@ -73,9 +73,13 @@ def parse_dump(directory: str, module: str = "jit_step", platform: str = "cpu") 
                                                                       int(m.group(4)))
   entry = hlo[hlo.index("\nENTRY"):]
   instructions = {}
-  for m in re.finditer(r"^\s+(?:ROOT )?%(\S+) = \S+ (\S+?)\((.*)$", entry, re.M):
+  for m in re.finditer(r"^\s+(?:ROOT )?%(\S+) = (?:\(.*?\)|\S+) ([\w-]+?)\((.*)$", entry, re.M):
     meta = re.search(r'op_name="([^"]+)"', m.group(3))
-    instructions[m.group(1)] = dict(op=m.group(2), meta=meta.group(1) if meta else "")
+    args = re.split(r"\), (?=[a-z_]+=)", m.group(3), maxsplit=1)[0]
+    index = re.search(r"\bindex=(\d+)", m.group(3))
+    instructions[m.group(1)] = dict(op=m.group(2), meta=meta.group(1) if meta else "",
+                                    operands=re.findall(r"%([\w.\-]+)", args),
+                                    index=int(index.group(1)) if index else None)
   return dict(values=values, allocations=allocations, sequence=sequence, ranges=ranges,
               instructions=instructions)
 
@@ -103,6 +107,37 @@ def live_at_peak(dump: dict) -> tuple[int, list[dict], int]:
   holders = [v for v in temps if dump["ranges"][v["name"]][0] <= at <= dump["ranges"][v["name"]][1]]
   fixed = sum(s for s, k in dump["allocations"].values() if k in ("argument", "output", "constant"))
   return at, holders, fixed
+
+
+def working_sets(dump: dict) -> list[tuple[int, str]]:
+  """(HBM temp bytes an instruction reads and writes, its name), largest first.
+
+  An instruction's operands and results are live together while it runs, so
+  the arguments and outputs plus the largest of these bound the peak of any
+  schedule of this program from below (another program, with other fusions,
+  may have other working sets). Aliases are followed: a ``get-tuple-element``
+  reads its tuple's element, a ``bitcast`` its operand's buffer.
+  """
+  sizes = {v["name"]: v["size"] for v in dump["values"] if v["kind"] == "temp"}
+  instructions = dump["instructions"]
+  by_prefix: dict[str, list[str]] = collections.defaultdict(list)
+  for b in sizes:
+    by_prefix[b.split("{")[0]].append(b)
+  found = []
+  for name, ins in instructions.items():
+    if ins["op"] in ("get-tuple-element", "bitcast", "tuple", "parameter"):
+      continue
+    live = set(by_prefix.get(name, ()))
+    for operand in ins["operands"]:
+      op_ins = instructions.get(operand, {})
+      if op_ins.get("op") == "get-tuple-element" and op_ins["operands"]:
+        live.add(f"{op_ins['operands'][0]}{{{op_ins['index']}}}")
+      elif op_ins.get("op") == "bitcast" and op_ins["operands"]:
+        live.update(by_prefix.get(op_ins["operands"][0], ()))
+      else:
+        live.update(by_prefix.get(operand, ()))
+    found.append((sum(sizes.get(b, 0) for b in live), name))
+  return sorted(found, reverse=True)
 
 
 def main() -> None:
@@ -183,6 +218,14 @@ def main() -> None:
   print(f"\n{'temp bytes at the peak, by module':48} {'XLA':>11} {'jaxmem':>11}")
   for mod in sorted(set(by_module) | set(ours), key=lambda m: -max(by_module[m], ours[m]))[:args.top]:
     print(f"  {mod[:46]:46} {format_bytes(by_module[mod]):>11} {format_bytes(ours[mod]):>11}")
+  sets = working_sets(dump)
+  if sets:
+    print(f"\nLargest single-instruction working sets (HBM temporaries it reads and writes); "
+          f"with the arguments and outputs, no schedule of this program peaks below "
+          f"{format_bytes(fixed + sets[0][0])}:")
+    for size, name in sets[:5]:
+      print(f"  {format_bytes(size):>11}  {name[:40]:40} "
+            f"{dump['instructions'][name].get('meta', '')[-70:]}")
   print("\nXLA temp bytes at its peak, by the jaxpr primitive that made them:")
   for op, b in by_op.most_common(args.top):
     print(f"  {op[:46]:46} {format_bytes(b):>11}")
