@@ -236,3 +236,39 @@ def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   out_loose = jaxmem.fit(0.6)(step)(*args)
   for a, b in zip(jax.tree.leaves(out_tight), jax.tree.leaves(out_loose)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_budget_error_names_the_scan_whose_stacked_values_hold_the_floor():
+  # jaxmem plans a scan's stacked residuals as one value each; when they hold
+  # the floor the error says which scan stacked them and what would cut them.
+  def loss(ws, x):
+    def layer(h, w):
+      return jnp.tanh(h @ w), None
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.sum(h * h)
+
+  def step(ws, x):
+    return ws - 0.1 * jax.grad(loss)(ws, x)
+
+  ws, x = jnp.full((12, 128, 128), 0.01), jnp.ones((1024, 128))
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.5)(step)(ws, x)
+  msg = str(info.value)
+  assert "stacked over 12 iterations by the `scan` at" in msg and "test_fit.py" in msg
+  assert "`jax.checkpoint` on the scan body" in msg
+  # The advice holds: the same step with its body checkpointed fits the budget.
+  scanned = jaxmem.compiled_memory(jax.jit(step).lower(ws, x).compile()).peak_bytes
+
+  @jax.checkpoint
+  def layer_remat(h, w):
+    return jnp.tanh(h @ w), None
+
+  def loss_remat(ws, x):
+    h, _ = jax.lax.scan(layer_remat, x, ws)
+    return jnp.sum(h * h)
+
+  def step_remat(ws, x):
+    return ws - 0.1 * jax.grad(loss_remat)(ws, x)
+
+  res = jaxmem.fit(int(0.5 * scanned))(step_remat).fit_result(ws, x)
+  assert res.peak_bytes <= 0.5 * scanned

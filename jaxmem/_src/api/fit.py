@@ -435,6 +435,14 @@ class Fitted:
         smallest = base_mem.peak_bytes
         holders = _holders(Plan(program, (), budget, program.peak_bytes, program.peak_bytes,
                                 "none"))
+      if any(", stacked over " in d for d, _ in holders):
+        # A scan's stacked outputs are one value to the planners: all of its
+        # iterations are kept, recomputed or staged together.
+        hint_scan = (" Values stacked by a `scan` hold this peak; jaxmem plans each of them as a "
+                     "whole, not per iteration: `jax.checkpoint` on the scan body (`nn.remat` or "
+                     "`nnx.remat` on a scanned layer) keeps only the carry of each iteration.")
+      else:
+        hint_scan = ""
       hint = ("" if self.compiler_fallback or target.platform != "cpu" else
               " `compiler_fallback=True` would also try XLA:CPU lowerings without YNNPACK "
               "fusions (not bit-identical to jax.jit).")
@@ -445,7 +453,7 @@ class Fitted:
       raise BudgetError(
           f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
           f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
-          f"{format_bytes(base_mem.peak_bytes)}).{hint}",
+          f"{format_bytes(base_mem.peak_bytes)}).{hint_scan}{hint}",
           budget_bytes=budget, smallest_bytes=smallest, holders=holders)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where)
@@ -523,6 +531,7 @@ def _hard_floor(program: Program, donate: tuple[int, ...]) -> int:
 def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
   sched = plan.schedule()
   prof = sched.profile()
+  scans = _stacking_scans(plan.program)
   out = []
   for vid, nbytes in zip(prof.holders[:top], prof.holder_bytes[:top]):
     var = sched.value_var[vid]
@@ -530,8 +539,17 @@ def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
       out.append(("copy handle", nbytes))
       continue
     v = plan.program.vars[var]
-    out.append((f"{v.type_str} {v.role.value} {v.name} ({v.source})", nbytes))
+    desc = f"{v.type_str} {v.role.value} {v.name} ({v.source})"
+    if v.defined_by in scans:
+      desc += f", stacked over {scans[v.defined_by]}"
+    out.append((desc, nbytes))
   return out
+
+
+def _stacking_scans(program: Program) -> dict[int, str]:
+  """``{op index: "N iterations by the `scan` at SOURCE"}`` for the program's top-level scans."""
+  return {b.op_index: f"{b.length} iterations by the `scan` at {b.source}"
+          for b in program.blocks if b.depth == 0 and b.primitive == "scan"}
 
 
 def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "auto",

@@ -26,9 +26,13 @@ class BudgetError(JaxmemError, ValueError):
 
   Attributes:
     budget_bytes: the budget that was asked for.
-    smallest_bytes: the smallest compiled peak jaxmem reached (the smallest
-      budget that would have worked), or the lower bound if nothing compiled.
-    holders: ``(description, bytes)`` of the largest buffers live at that peak.
+    smallest_bytes: the smallest compiled peak jaxmem reached that asking
+      for it reaches again: a budget of this many bytes fits. It is the
+      smallest found, not proven the smallest possible. From
+      `jaxmem.max_batch`, when the arguments alone exceed the budget: their
+      bytes, a lower bound (nothing was compiled).
+    holders: ``(description, bytes)`` of the largest buffers live at that peak
+      (a value stacked by a ``scan`` names the scan and its iterations).
   """
 
   def __init__(self, message: str, *, budget_bytes: int, smallest_bytes: int,
