@@ -29,6 +29,18 @@ class DecoderBlock(nn.Module):
     return x + nn.Dense(self.dim)(tag(self, nn.gelu(hidden), "mlp_hidden"))
 
 
+class ScannedBlock(nn.Module):
+  """One decoder block as the body of ``nn.scan``: ``(x, None) -> (x, None)``."""
+  dim: int
+  heads: int
+  remat_policy: Any = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array, _: None) -> tuple[jax.Array, None]:
+    block = remat_block(DecoderBlock, self.remat_policy)
+    return block(self.dim, self.heads, name="DecoderBlock")(x), None
+
+
 class GPT(nn.Module):
   vocab: int = 256
   dim: int = 128
@@ -38,26 +50,35 @@ class GPT(nn.Module):
   # Per-block nn.remat with this JAX policy (a by-hand baseline), or a policy
   # function such as jaxmem.policy(plan).policy over the blocks' tags.
   remat_policy: Any = None
+  # The blocks as one `nn.scan` over stacked parameters (how large models are
+  # written: the layer is traced and compiled once) instead of unrolled.
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array) -> jax.Array:
-    block = remat_block(DecoderBlock, self.remat_policy)
     pos = jnp.arange(tokens.shape[1])
     x = nn.Embed(self.vocab, self.dim)(tokens) + nn.Embed(self.max_len, self.dim)(pos)
-    for i in range(self.layers):
-      x = block(self.dim, self.heads, name=f"DecoderBlock_{i}")(x)
+    if self.scan_layers:
+      blocks = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                       length=self.layers)
+      x, _ = blocks(self.dim, self.heads, self.remat_policy, name="DecoderBlocks")(x, None)
+    else:
+      block = remat_block(DecoderBlock, self.remat_policy)
+      for i in range(self.layers):
+        x = block(self.dim, self.heads, name=f"DecoderBlock_{i}")(x)
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
 def build(batch_size: int = 16, seq_len: int = 128, vocab: int = 256, dim: int = 128,
           heads: int = 4, layers: int = 4, seed: int = 0,
-          remat_policy: Any = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+          remat_policy: Any = None, scan_layers: bool = False,
+          ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """A full adamw train step ``step(params, opt_state, tokens)`` (next-token loss) and its arguments.
 
   ``remat_policy``: recompute every decoder block with this ``jax.checkpoint_policies``
-  name (the by-hand baseline).
+  name (the by-hand baseline). ``scan_layers``: the blocks as one ``nn.scan``.
   """
-  model = GPT(vocab, dim, heads, layers, seq_len, remat_policy)
+  model = GPT(vocab, dim, heads, layers, seq_len, remat_policy, scan_layers)
   tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch_size, seq_len + 1), 0, vocab)
   params = model.init(jax.random.PRNGKey(seed + 1), tokens[:1, :-1])
   tx = optax.adamw(1e-3, weight_decay=1e-2)

@@ -67,6 +67,10 @@ CASES = {
     # reachable yet, so this checks the scan path runs through `fit` unchanged.
     "lstm_scan": Case("lstm", dict(batch_size=64, seq_len=4, vocab=64, embed=16, hidden=32,
                                    layers=1, scan=True), 1.0),
+    # The decoder blocks as one `nn.scan` (how large models are written): the
+    # same as `lstm_scan`, one block jaxmem does not plan inside yet.
+    "transformer_scan": Case("transformer", dict(batch_size=16, seq_len=32, vocab=32, dim=32,
+                                                 heads=2, layers=2, scan_layers=True), 1.0),
     "nnx_mlp": Case("nnx_mlp", dict(batch_size=1024, width=64, depth=4), 0.6),
     "nnx_cnn": Case("nnx_cnn", dict(batch_size=32, image_size=8, channels=(8, 8)), 0.6),
 }
