@@ -56,6 +56,18 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any) -> ClosedJaxpr:
   return jax.make_jaxpr(fun)(*args)
 
 
+def eval_jaxpr(jaxpr: Jaxpr, consts: Any, *args: Any) -> list[Any]:
+  """Evaluates (or, under a trace, re-binds) ``jaxpr`` on ``args``."""
+  return list(_core.eval_jaxpr(jaxpr, consts, *args))
+
+
+def dce_jaxpr(jaxpr: Jaxpr, used_outputs: list[bool]) -> tuple[Jaxpr, list[bool]]:
+  """``jaxpr`` cut down to the equations ``used_outputs`` need; also which inputs it still takes."""
+  from jax._src.interpreters import partial_eval as pe
+  cut, used_inputs = pe.dce_jaxpr(jaxpr, used_outputs)
+  return cut, list(used_inputs)
+
+
 def body_of(eqn: JaxprEqn) -> ClosedJaxpr | None:
   """The inlinable body of a call-like equation, as a ClosedJaxpr, else None."""
   key = INLINE_BODIES.get(eqn.primitive.name)

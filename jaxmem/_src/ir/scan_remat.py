@@ -1,0 +1,282 @@
+"""Per-iteration recomputation of a scan's stacked residuals, as a rewrite of the step's jaxpr.
+
+Differentiating a ``lax.scan`` (``nn.scan``, ``nnx.scan``) splits it in two:
+a forward scan that, besides its carry, stacks every residual the backward
+pass needs (one slice per iteration, ``ys``), and a backward scan that takes
+those stacks as ``xs``. A GPT written with ``nn.scan`` keeps every layer's
+activations in these stacks; jaxmem's planners see each stack as one value
+and cannot cut it (``bench/results/scan_planning.md``: no plan below the
+unplanned peak at 12, 24 or 48 layers).
+
+:func:`recompute_scan_residuals` rewrites such a pair so that the backward
+body recomputes chosen residuals of its iteration from what that iteration of
+the forward body read (the carry coming in, the slices of ``xs``, the
+loop-invariant operands), the per-iteration form of Chen et al.'s
+recomputation (*Training Deep Nets with Sublinear Memory Cost*, 2016, §3) and
+what ``jax.checkpoint`` on the scan body does when the user writes it. The
+forward scan stops stacking those residuals; it stacks its incoming carry
+instead when the backward pass did not already receive it. The arithmetic is
+the forward body's own, on the same values, so outputs and gradients are
+unchanged.
+
+A building block of per-iteration planning (issue 13), not yet chosen by any
+planner: which residuals to recompute, and staging the others to host a
+window of iterations ahead, are the planners' part.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from jaxmem._src import _compat
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPair:
+  """A forward scan and the backward scan that takes its stacked residuals.
+
+  Attributes:
+    forward: index of the forward ``scan`` equation in the jaxpr.
+    backward: index of the ``scan`` that reads the residuals.
+    residuals: indexes, among the forward scan's ``ys``, of the stacks that
+      only the backward scan reads (as ``xs``): what can be recomputed.
+  """
+  forward: int
+  backward: int
+  residuals: tuple[int, ...]
+
+
+def scan_pairs(jaxpr: _compat.Jaxpr) -> list[ScanPair]:
+  """Forward/backward scan pairs of a differentiated step, and the residuals each could recompute.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> def loss(ws, x):
+    ...   h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+    ...   return h.sum()
+    >>> closed = jax.make_jaxpr(jax.grad(loss))(jnp.ones((3, 4, 4)), jnp.ones((2, 4)))
+    >>> [(p.forward, p.backward, len(p.residuals)) for p in scan_pairs(closed.jaxpr)]
+    [(0, 4, 3)]
+  """
+  uses: dict[Any, list[tuple[int, int]]] = collections.defaultdict(list)
+  for i, eqn in enumerate(jaxpr.eqns):
+    for pos, v in enumerate(eqn.invars):
+      if isinstance(v, _compat.Var):
+        uses[v].append((i, pos))
+  returned = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+  pairs = []
+  for fi, eqn in enumerate(jaxpr.eqns):
+    if eqn.primitive.name != "scan":
+      continue
+    _, _, num_carry, length, _ = _compat.scan_params(eqn)
+    by_consumer: dict[int, list[int]] = collections.defaultdict(list)
+    for j, out in enumerate(eqn.outvars[num_carry:]):
+      if isinstance(out, _compat.DropVar) or out in returned or not uses[out]:
+        continue
+      users = {i for i, _ in uses[out]}
+      if len(users) != 1:
+        continue
+      gi = users.pop()
+      g = jaxpr.eqns[gi]
+      if g.primitive.name != "scan":
+        continue
+      _, g_consts, g_carry, g_length, _ = _compat.scan_params(g)
+      if g_length != length or any(pos < g_consts + g_carry for _, pos in uses[out]):
+        continue
+      by_consumer[gi].append(j)
+    pairs += [ScanPair(fi, gi, tuple(js)) for gi, js in sorted(by_consumer.items())]
+  return pairs
+
+
+def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
+                             pairs: Sequence[ScanPair] | None = None) -> _compat.ClosedJaxpr:
+  """``closed`` with each pair's residuals recomputed per iteration in the backward scan.
+
+  Args:
+    closed: a differentiated step's jaxpr (``jax.make_jaxpr`` of a train step).
+    pairs: which residuals to recompute (default: every pair of
+      :func:`scan_pairs`, all of its residuals). A pair with no residuals is
+      left as it is; with none at all, ``closed`` itself is returned.
+
+  Returns:
+    A jaxpr with the same inputs and outputs, whose forward scans stack
+    fewer values.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> def loss(ws, x):
+    ...   h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+    ...   return h.sum()
+    >>> ws, x = jnp.full((3, 4, 4), 0.1), jnp.ones((2, 4))
+    >>> closed = jax.make_jaxpr(jax.grad(loss))(ws, x)
+    >>> rewritten = recompute_scan_residuals(closed)
+    >>> bool((jax.core.eval_jaxpr(rewritten.jaxpr, rewritten.consts, ws, x)[0]
+    ...       == jax.grad(loss)(ws, x)).all())
+    True
+  """
+  jaxpr = closed.jaxpr
+  if pairs is None:
+    pairs = scan_pairs(jaxpr)
+  pairs = [p for p in pairs if p.residuals]
+  if not pairs:
+    return closed
+  forward = {p.forward: p for p in pairs}
+  backward = {p.backward: p for p in pairs}
+  if len(forward) != len(pairs) or len(backward) != len(pairs):
+    raise ValueError("`recompute_scan_residuals`: each scan may be in one pair only; got "
+                     f"{[(p.forward, p.backward) for p in pairs]}.")
+  plans = {p.forward: _PairPlan.make(jaxpr, p) for p in pairs}
+
+  def run(*args: Any) -> list[Any]:
+    env: dict[Any, Any] = {}
+    stacked_carry: dict[int, list[Any]] = {}
+
+    def read(v: Any) -> Any:
+      return v.val if isinstance(v, _compat.Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, closed.consts):
+      env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+      env[v] = a
+    for i, eqn in enumerate(jaxpr.eqns):
+      # A backward scan's residual operands are no longer computed: None.
+      invals = [None if isinstance(v, _compat.Var) and v not in env else read(v)
+                for v in eqn.invars]
+      if i in forward:
+        plan = plans[i]
+        outs = plan.bind_forward(eqn, invals)
+        stacked_carry[i] = outs[len(outs) - len(plan.new_carry_stacks):]
+        outs = outs[:len(outs) - len(plan.new_carry_stacks)]
+        kept = [v for j, v in enumerate(eqn.outvars)
+                if j < plan.num_carry or j - plan.num_carry not in plan.pair.residuals]
+        for v, x in zip(kept, outs):
+          if not isinstance(v, _compat.DropVar):
+            env[v] = x
+        continue
+      if i in backward:
+        pair = backward[i]
+        plan = plans[pair.forward]
+        f_eqn = jaxpr.eqns[pair.forward]
+        f_invals = [read(v) for v in f_eqn.invars]
+        f_outvals = {j: env.get(v) for j, v in enumerate(f_eqn.outvars)}
+        outs = plan.bind_backward(eqn, invals, f_eqn, f_invals, f_outvals,
+                                  stacked_carry[pair.forward])
+      else:
+        outs = _compat.bind_eqn(eqn, invals)
+      for v, x in zip(eqn.outvars, outs):
+        if not isinstance(v, _compat.DropVar):
+          env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+  return _compat.make_jaxpr(run, *[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+                                   for v in jaxpr.invars])
+
+
+@dataclasses.dataclass(frozen=True)
+class _PairPlan:
+  """How one pair is rewritten: the recomputation slice and where its inputs come from."""
+  pair: ScanPair
+  num_consts: int
+  num_carry: int
+  slice_jaxpr: Any          # the forward body cut to the residuals (inputs: `needed`)
+  slice_consts: Any
+  needed: tuple[int, ...]   # forward body inputs the slice reads
+  # For a needed carry input: the forward ys index that already stacks it, or
+  # None when the rewritten forward scan must stack it (`new_carry_stacks`).
+  carry_stack: dict[int, int | None]
+  new_carry_stacks: tuple[int, ...]
+
+  @staticmethod
+  def make(jaxpr: _compat.Jaxpr, pair: ScanPair) -> _PairPlan:
+    eqn = jaxpr.eqns[pair.forward]
+    body, num_consts, num_carry, _, _ = _compat.scan_params(eqn)
+    closed_body = eqn.params["jaxpr"]
+    num_ys = len(body.outvars) - num_carry
+    used = [False] * num_carry + [j in pair.residuals for j in range(num_ys)]
+    cut, used_inputs = _compat.dce_jaxpr(body, used)
+    needed = tuple(k for k, u in enumerate(used_inputs) if u)
+    carry_stack: dict[int, int | None] = {}
+    for k in needed:
+      if num_consts <= k < num_consts + num_carry:
+        src = body.invars[k]
+        carry_stack[k] = next((j for j, o in enumerate(body.outvars[num_carry:])
+                               if o is src and j not in pair.residuals
+                               and not isinstance(eqn.outvars[num_carry + j], _compat.DropVar)),
+                              None)
+    new = tuple(k for k, j in carry_stack.items() if j is None)
+    return _PairPlan(pair, num_consts, num_carry, cut, closed_body.consts, needed,
+                     carry_stack, new)
+
+  def bind_forward(self, eqn: _compat.JaxprEqn, invals: list[Any]) -> list[Any]:
+    """The forward scan without the residual stacks, stacking ``new_carry_stacks`` at the end."""
+    body = eqn.params["jaxpr"]
+    num_carry = self.num_carry
+    keep = [j for j in range(len(body.jaxpr.outvars) - num_carry) if j not in self.pair.residuals]
+
+    def new_body(*args: Any) -> list[Any]:
+      outs = _compat.eval_jaxpr(body.jaxpr, body.consts, *args)
+      return (outs[:num_carry] + [outs[num_carry + j] for j in keep]
+              + [args[k] for k in self.new_carry_stacks])
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+    new = _compat.make_jaxpr(new_body, *avals)
+    return list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
+
+  def bind_backward(self, eqn: _compat.JaxprEqn, invals: list[Any], f_eqn: _compat.JaxprEqn,
+                    f_invals: list[Any], f_outvals: dict[int, Any],
+                    new_stacks: list[Any]) -> list[Any]:
+    """The backward scan, recomputing the residuals from the forward body's inputs."""
+    body = eqn.params["jaxpr"]
+    g_consts, g_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
+    residual_vars = [f_eqn.outvars[self.num_carry + j] for j in self.pair.residuals]
+    # Where each residual sits among the backward scan's operands.
+    residual_pos = {pos: residual_vars.index(v) for pos, v in enumerate(eqn.invars)
+                    if pos >= g_consts + g_carry and v in residual_vars}
+    # The slice's inputs: loop invariants become consts, per-iteration values xs.
+    extra_consts, extra_xs, source = [], [], []
+    for k in self.needed:
+      if k < self.num_consts:
+        source.append(("const", len(extra_consts)))
+        extra_consts.append(f_invals[k])
+      elif k < self.num_consts + self.num_carry:
+        j = self.carry_stack[k]
+        stack = (f_outvals[self.num_carry + j] if j is not None
+                 else new_stacks[self.new_carry_stacks.index(k)])
+        source.append(("xs", len(extra_xs)))
+        extra_xs.append(stack)
+      else:
+        source.append(("xs", len(extra_xs)))
+        extra_xs.append(f_invals[k])
+    kept_xs = [pos for pos in range(g_consts + g_carry, len(invals)) if pos not in residual_pos]
+    n_kept = len(kept_xs)
+
+    def new_body(*args: Any) -> list[Any]:
+      consts = list(args[:g_consts])
+      ec = list(args[g_consts:g_consts + len(extra_consts)])
+      rest = args[g_consts + len(extra_consts):]
+      carry = list(rest[:g_carry])
+      xs = list(rest[g_carry:g_carry + n_kept])
+      ex = list(rest[g_carry + n_kept:])
+      slice_in = [ec[i] if kind == "const" else ex[i] for kind, i in source]
+      recomputed = _compat.eval_jaxpr(self.slice_jaxpr, self.slice_consts, *slice_in)
+      full_xs, it = [], iter(xs)
+      for pos in range(g_consts + g_carry, len(invals)):
+        full_xs.append(recomputed[residual_pos[pos]] if pos in residual_pos else next(it))
+      return _compat.eval_jaxpr(body.jaxpr, body.consts, *consts, *carry, *full_xs)
+
+    def sds(x: Any, sliced: bool) -> Any:
+      shape = x.shape[1:] if sliced else x.shape
+      return jax.ShapeDtypeStruct(shape, x.dtype)
+
+    operands = (invals[:g_consts] + extra_consts + invals[g_consts:g_consts + g_carry]
+                + [invals[p] for p in kept_xs] + extra_xs)
+    avals = ([sds(x, False) for x in invals[:g_consts] + extra_consts + invals[g_consts:g_consts + g_carry]]
+             + [sds(x, True) for x in [invals[p] for p in kept_xs] + extra_xs])
+    new = _compat.make_jaxpr(new_body, *avals)
+    params = {**eqn.params, "jaxpr": new, "num_consts": g_consts + len(extra_consts)}
+    return list(eqn.primitive.bind(*operands, **params))
