@@ -22,6 +22,7 @@ from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.estimate.targets import Target, TargetLike, get_target
+from jaxmem._src.ir.scan_remat import with_scan_residuals_recomputed
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
 from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
 from jaxmem._src.plan.plan import Plan
@@ -276,7 +277,7 @@ class Fitted:
       return _Entry(result, base_jit, base_compiled, base_jit)
 
     tried: list[_Attempt] = []
-    plans: dict[tuple[int, int], Plan] = {}
+    plans: dict[tuple[int, int, int], Plan] = {}
     compiled_plans: dict[tuple[Any, ...], _Attempt] = {}
     # Each planner's most aggressive plan (target 0) under the tightest
     # scheduler limit the target takes: attempts that do not depend on the
@@ -288,7 +289,7 @@ class Fitted:
     def attempt(target: int, options: dict[str, Any], planner: Planner | None = None,
                 limit: int | None = None) -> _Attempt:
       target = max(0, int(target))
-      key = (target, id(planner))
+      key = (id(program), target, id(planner))
       if key not in plans:
         plans[key] = self._plan(program, target, planner)
       plan = plans[key]
@@ -296,7 +297,7 @@ class Fitted:
         options = {**options, **self.target.memory_limit_options(limit, base_mem.peak_bytes)}
       # The fallback planners often return the plan `auto` already chose, and a
       # tighter target can return the same plan: compile each plan once.
-      same = (_plan_key(plan), repr(sorted(options.items())))
+      same = (id(plan.program), _plan_key(plan), repr(sorted(options.items())))
       if same in compiled_plans:
         self._log(f"target {format_bytes(target)}: same plan as an earlier round, not recompiled")
         return compiled_plans[same]
@@ -414,7 +415,22 @@ class Fitted:
           floor_attempt({}, planner)
       return found
 
+    unplanned_program = program
     found = search(budget)
+    scans_recomputed = False
+    if found is None and any(b.depth == 0 and b.primitive == "scan" for b in program.blocks):
+      # A scan's stacked residuals are one value each to the planners: the
+      # step rewritten to recompute them per iteration in the backward scan
+      # (`ir/scan_remat.py`) is planned too. Its plans are tried second, as
+      # the recomputation costs a forward pass of the scan body.
+      rewritten = analyze_step(with_scan_residuals_recomputed(inner), dyn, donate_argnums=donate,
+                               arg_names=names, target=target)
+      if rewritten.peak_bytes < program.peak_bytes:
+        self._log(f"planning the step with its scans' residuals recomputed per iteration "
+                  f"(estimate {format_bytes(program.peak_bytes)} -> "
+                  f"{format_bytes(rewritten.peak_bytes)})")
+        program, scans_recomputed = rewritten, True
+        found = search(budget)
     if found is None:
       # The smallest peak reported is one that asking for it reaches: the
       # floors are; a smaller peak some round of this search reached is
@@ -433,9 +449,10 @@ class Fitted:
       smallest, holders = best.memory.peak_bytes, _holders(best.plan)
       if base_mem.peak_bytes <= smallest:
         smallest = base_mem.peak_bytes
-        holders = _holders(Plan(program, (), budget, program.peak_bytes, program.peak_bytes,
+        holders = _holders(Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
+                                unplanned_program.peak_bytes,
                                 "none"))
-      if any(", stacked over " in d for d, _ in holders):
+      if not scans_recomputed and any(", stacked over " in d for d, _ in holders):
         # A scan's stacked outputs are one value to the planners: all of its
         # iterations are kept, recomputed or staged together.
         hint_scan = (" Values stacked by a `scan` hold this peak; jaxmem plans each of them as a "
@@ -540,7 +557,7 @@ def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
       continue
     v = plan.program.vars[var]
     desc = f"{v.type_str} {v.role.value} {v.name} ({v.source})"
-    if v.defined_by in scans:
+    if v.defined_by in scans and not v.is_output:
       desc += f", stacked over {scans[v.defined_by]}"
     out.append((desc, nbytes))
   return out

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -280,3 +281,38 @@ class _PairPlan:
     new = _compat.make_jaxpr(new_body, *avals)
     params = {**eqn.params, "jaxpr": new, "num_consts": g_consts + len(extra_consts)}
     return list(eqn.primitive.bind(*operands, **params))
+
+
+def with_scan_residuals_recomputed(fun: Callable[..., Any]) -> Callable[..., Any]:
+  """``fun`` whose differentiated scans recompute their stacked residuals per iteration.
+
+  The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
+  with :func:`recompute_scan_residuals` and evaluates the result, so it can
+  be traced, jitted and analyzed like ``fun`` (same pytrees in and out).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> def loss(ws, x):
+    ...   h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+    ...   return h.sum()
+    >>> grad = with_scan_residuals_recomputed(jax.grad(loss))
+    >>> ws, x = jnp.full((3, 4, 4), 0.1), jnp.ones((2, 4))
+    >>> bool((jax.jit(grad)(ws, x) == jax.grad(loss)(ws, x)).all())
+    True
+  """
+  @functools.wraps(fun)
+  def wrapped(*args: Any) -> Any:
+    leaves, in_tree = jax.tree_util.tree_flatten(args)
+    out_trees = []
+
+    def flat(*xs: Any) -> list[Any]:
+      out, tree = jax.tree_util.tree_flatten(fun(*jax.tree_util.tree_unflatten(in_tree, xs)))
+      out_trees.append(tree)
+      return out
+
+    closed = _compat.make_jaxpr(flat, *leaves)
+    rewritten = recompute_scan_residuals(closed)
+    outs = _compat.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *leaves)
+    return jax.tree_util.tree_unflatten(out_trees[0], outs)
+
+  return wrapped
