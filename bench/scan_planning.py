@@ -1,6 +1,6 @@
 """Scanned layers: how long planning takes and how far a plan gets, against the same model unrolled.
 
-The baseline for planning inside scans: the examples' GPT (flax linen, adamw
+The examples' GPT (flax linen, adamw
 train step) with its decoder blocks written as one ``nn.scan`` over stacked
 parameters (``scan_layers=True``, how large models are written) and unrolled
 (a Python loop), at 12, 24 and 48 layers. For each: the equations jaxmem
@@ -9,15 +9,20 @@ it at half of its estimated peak, the estimated peak before and after that
 plan; for the scanned steps also ``jaxmem.fit(0.5)`` on this machine's CPU
 (its compiled peak, or the ``BudgetError`` and whether it names the scan).
 
-Today jaxmem sees a scan as one opaque block: it plans nothing inside it, so
-the scanned rows show what per-iteration planning has to improve, and the
-unrolled rows what planning time costs when every layer is its own
-equations. Times are of one run on a shared 2-core machine, printed as they
-come.
+The planners see a scan as one opaque block and plan nothing inside it: the
+``plan`` columns of the scanned rows show that. ``fit`` then plans the step
+rewritten to recompute every stacked residual per iteration
+(``jaxmem/_src/ir/scan_remat.py``): the ``fit(0.5)`` column. The unrolled
+rows show what planning time costs when every layer is its own equations.
+Times are of one run on a shared 2-core machine, printed as they come.
 
-Run: ``python bench/scan_planning.py [--layers 12,24,48] [--no-unrolled]``; writes
-``bench/results/scan_planning.{json,md}``. About 10 minutes on 2 CPUs, most of it planning the
-unrolled 48-layer step.
+Then the scanned GPT at a TPU size (batch 64, sequence 256) on a TPU v5e,
+compiled ahead of time (``target="tpu:v5e"``, the ``xla`` backend): plain
+``jax.jit``, JAX's policies by hand (``nn.remat`` on the scanned block) and
+``fit(0.5)``, ``fit(0.3)``, with compiled peaks and FLOPs.
+
+Run: ``python bench/scan_planning.py [--layers 12,24,48] [--no-unrolled] [--tpu-layers 12]``;
+writes ``bench/results/scan_planning.{json,md}``. About 15 minutes on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ import transformer  # noqa: E402
 
 RESULTS = HERE / "results"
 SIZE = dict(batch_size=8, seq_len=64, dim=128, heads=4)
+# A TPU size: XLA:TPU keeps small temporaries on chip, so the unplanned peak is
+# made large (4.1 GiB at 12 layers) for a plan to have something to do.
+TPU_SIZE = dict(batch_size=64, seq_len=256, dim=128, heads=4)
 MiB = 2 ** 20
 
 
@@ -72,8 +80,62 @@ def measure(layers: int, scanned: bool, fit: bool) -> dict[str, Any]:
   return row
 
 
+def flops_of(compiled: Any) -> float | None:
+  """``compiled.cost_analysis()["flops"]``, or None where the backend has no cost model."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 (a backend without a cost model)
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def measure_tpu(layers: int) -> list[dict[str, Any]]:
+  """The scanned GPT at a TPU size on a v5e, compiled ahead of time: jit, JAX's policy by hand, fit."""
+  target = jaxmem.get_target("tpu:v5e")
+  donate = (0, 1)   # parameters and optimizer state, as a training loop does
+  rows = []
+
+  def row(method: str, compiled: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    mem = jaxmem.compiled_memory(compiled)
+    return dict(layers=layers, method=method, peak_mib=round(mem.peak_bytes / MiB, 1),
+                host_mib=round(mem.host_temp_bytes / MiB, 1), gflop=flops_of(compiled), **extra)
+
+  step, args = transformer.build(layers=layers, scan_layers=True, **TPU_SIZE)
+  placed = target.place(args)
+  rows.append(row("jit", jax.jit(step, donate_argnums=donate).lower(*placed).compile(), {}))
+  for policy in ("nothing_saveable", "dots_saveable"):
+    s2, a2 = transformer.build(layers=layers, scan_layers=True, remat_policy=policy, **TPU_SIZE)
+    compiled = jax.jit(s2, donate_argnums=donate).lower(*target.place(a2)).compile()
+    rows.append(row(f"policy:{policy}", compiled, {}))
+  for frac in (0.5, 0.3):
+    t0 = time.perf_counter()
+    try:
+      fitted = jaxmem.fit(frac, target="tpu:v5e", donate_argnums=donate)(step)
+      res = fitted.fit_result(*args)
+      rows.append(row(f"fit({frac})", fitted.lower(*args).compile(),
+                      dict(budget_mib=round(res.budget_bytes / MiB, 1),
+                           within=res.peak_bytes <= res.budget_bytes,
+                           fit_s=round(time.perf_counter() - t0, 1))))
+    except jaxmem.BudgetError as e:
+      rows.append(dict(layers=layers, method=f"fit({frac})",
+                       error=f"BudgetError: smallest {e.smallest_bytes / MiB:.1f} MiB",
+                       budget_mib=round(e.budget_bytes / MiB, 1),
+                       fit_s=round(time.perf_counter() - t0, 1)))
+    print(json.dumps(rows[-1]), flush=True)
+  base = rows[0]
+  for r in rows:
+    if r.get("peak_mib") is not None:
+      r["of_jit"] = round(r["peak_mib"] / base["peak_mib"], 2)
+    if r.get("gflop") and base.get("gflop"):
+      r["flops_vs_jit"] = round(r["gflop"] / base["gflop"], 2)
+      r["gflop"] = round(r["gflop"] / 1e9, 1)
+  return rows
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-  out = ["# Planning scanned layers: the baseline", "",
+  out = ["# Planning scanned layers", "",
          f"`python bench/scan_planning.py` ({meta['when']} at {meta['commit']}, jax "
          f"{meta['jax']}, {meta['machine']}). GPT of the examples, batch {SIZE['batch_size']}, "
          f"sequence {SIZE['seq_len']}, width {SIZE['dim']}; `plan` is `auto` at 0.5 of the "
@@ -85,6 +147,22 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out.append(f"| {r['layers']} | {r['form']} | {r['ops']} | {r['analyze_s']} | {r['plan_s']} "
                f"| {r['estimate_mib']} | {r['planned_estimate_mib']} | {r['decisions']} "
                f"| {r.get('compiled_mib', '-')} | {r.get('fit', '-')} | {r.get('fit_s', '-')} |")
+  if meta.get("tpu"):
+    out += ["", f"## TPU v5e, compiled ahead of time (libtpu; no step run on a TPU)", "",
+            f"The scanned GPT at batch {TPU_SIZE['batch_size']}, sequence {TPU_SIZE['seq_len']}, "
+            f"width {TPU_SIZE['dim']}, parameters and optimizer state donated; `fit` with "
+            "`target=\"tpu:v5e\"` (the `xla` backend). JAX's policies are `nn.remat` on the "
+            "scanned block.", "",
+            "| layers | method | TPU peak MiB | of jit | host MiB | FLOPs vs jit | budget MiB | within | fit s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in meta["tpu"]:
+      if "error" in r:
+        out.append(f"| {r['layers']} | {r['method']} | {r['error']} | - | - | - "
+                   f"| {r['budget_mib']} | no | {r['fit_s']} |")
+      else:
+        out.append(f"| {r['layers']} | {r['method']} | {r['peak_mib']} | {r.get('of_jit', '-')} "
+                   f"| {r['host_mib']} | {r.get('flops_vs_jit', '-')}x | {r.get('budget_mib', '-')} "
+                   f"| {r.get('within', '-')} | {r.get('fit_s', '-')} |")
   return "\n".join(out) + "\n"
 
 
@@ -92,6 +170,8 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--layers", default="12,24,48")
   p.add_argument("--no-unrolled", action="store_true", help="skip the unrolled steps")
+  p.add_argument("--tpu-layers", type=int, default=12,
+                 help="layers of the scanned GPT fitted for a TPU v5e (0: skip; needs jax[tpu])")
   a = p.parse_args()
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=HERE).stdout.strip()
@@ -105,6 +185,8 @@ def main() -> None:
       row = measure(layers, scanned, fit=scanned)
       print(json.dumps(row), flush=True)
       rows.append(row)
+  if a.tpu_layers:
+    meta["tpu"] = measure_tpu(a.tpu_layers)
   RESULTS.mkdir(exist_ok=True)
   (RESULTS / "scan_planning.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   (RESULTS / "scan_planning.md").write_text(markdown(rows, meta))
