@@ -124,12 +124,12 @@ def measure_tpu(layers: int) -> list[dict[str, Any]]:
                        budget_mib=round(e.budget_bytes / MiB, 1),
                        fit_s=round(time.perf_counter() - t0, 1)))
     print(json.dumps(rows[-1]), flush=True)
-  base = rows[0]
+  base_peak, base_flops = rows[0]["peak_mib"], rows[0]["gflop"]
   for r in rows:
     if r.get("peak_mib") is not None:
-      r["of_jit"] = round(r["peak_mib"] / base["peak_mib"], 2)
-    if r.get("gflop") and base.get("gflop"):
-      r["flops_vs_jit"] = round(r["gflop"] / base["gflop"], 2)
+      r["of_jit"] = round(r["peak_mib"] / base_peak, 2)
+    if r.get("gflop") and base_flops:
+      r["flops_vs_jit"] = round(r["gflop"] / base_flops, 2)
       r["gflop"] = round(r["gflop"] / 1e9, 1)
   return rows
 
@@ -170,9 +170,16 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--layers", default="12,24,48")
   p.add_argument("--no-unrolled", action="store_true", help="skip the unrolled steps")
+  p.add_argument("--render", action="store_true",
+                 help="measure nothing: rewrite scan_planning.md from scan_planning.json")
   p.add_argument("--tpu-layers", type=int, default=12,
                  help="layers of the scanned GPT fitted for a TPU v5e (0: skip; needs jax[tpu])")
   a = p.parse_args()
+  if a.render:
+    data = json.loads((RESULTS / "scan_planning.json").read_text())
+    (RESULTS / "scan_planning.md").write_text(markdown(data["rows"], data["meta"]))
+    print(markdown(data["rows"], data["meta"]))
+    return
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=HERE).stdout.strip()
   dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
