@@ -87,10 +87,13 @@ def test_an_nn_rnn_lstm_recomputes_bit_identically():
     np.testing.assert_array_equal(a, b)
 
 
-def test_a_scanned_gpt_computes_what_nn_remat_on_its_block_computes():
+@pytest.mark.parametrize("save_dots, policy", [(False, "nothing_saveable"),
+                                               (True, "dots_saveable")])
+def test_a_scanned_gpt_computes_what_nn_remat_on_its_block_computes(save_dots, policy):
   # flax `nn.scan` over decoder blocks. The rewrite recomputes each block in
-  # the backward scan, as `nn.remat(policy=nothing_saveable)` on the scanned
-  # block does: bit-identical gradients to it, in less memory than the step
+  # the backward scan (keeping its matmul outputs with `save_dots`), as
+  # `nn.remat` on the scanned block with the matching policy does:
+  # bit-identical gradients to it, in less memory than the step
   # without remat (from which both differ in last bits: XLA:CPU sums some
   # gradients of a recomputed block in another order).
   import optax
@@ -109,8 +112,9 @@ def test_a_scanned_gpt_computes_what_nn_remat_on_its_block_computes():
   model, grad = grad_of(None)
   params = model.init(jax.random.PRNGKey(1), tokens[:1, :-1])
   closed, leaves = _flat(grad, (params, tokens))
-  rewritten = _run(recompute_scan_residuals(closed))
-  by_hand = jax.jit(grad_of("nothing_saveable")[1])
+  pairs = [p.saving_dots() if save_dots else p for p in scan_pairs(closed.jaxpr)]
+  rewritten = _run(recompute_scan_residuals(closed, pairs))
+  by_hand = jax.jit(grad_of(policy)[1])
   got = rewritten(*leaves)
   want = jax.tree_util.tree_leaves(by_hand(params, tokens))
   for a, b in zip(got, want):

@@ -418,16 +418,23 @@ class Fitted:
     unplanned_program = program
     found = search(budget)
     scans_recomputed = False
-    if found is None and any(b.depth == 0 and b.primitive == "scan" for b in program.blocks):
-      # A scan's stacked residuals are one value each to the planners: the
-      # step rewritten to recompute them per iteration in the backward scan
-      # (`ir/scan_remat.py`) is planned too. Its plans are tried second, as
-      # the recomputation costs a forward pass of the scan body.
-      rewritten = analyze_step(with_scan_residuals_recomputed(inner), dyn, donate_argnums=donate,
-                               arg_names=names, target=target)
+    has_scans = any(b.depth == 0 and b.primitive == "scan" for b in program.blocks)
+    # A scan's stacked residuals are one value each to the planners: the step
+    # rewritten to recompute them per iteration in the backward scan
+    # (`ir/scan_remat.py`) is planned too, after the step as written: first
+    # keeping the matmul outputs, as `dots_saveable` does, then recomputing
+    # everything from each iteration's inputs, as `nothing_saveable` does (by
+    # hand on a v5e GPT of 12 scanned layers: 0.48 of its peak at 1.01x FLOPs
+    # and 0.08 at 1.22x; bench/results/scan_planning.md).
+    for save_dots in (True, False) if has_scans else ():
+      if found is not None:
+        break
+      rewritten = analyze_step(with_scan_residuals_recomputed(inner, save_dots=save_dots), dyn,
+                               donate_argnums=donate, arg_names=names, target=target)
       if rewritten.peak_bytes < program.peak_bytes:
-        self._log(f"planning the step with its scans' residuals recomputed per iteration "
-                  f"(estimate {format_bytes(program.peak_bytes)} -> "
+        self._log(f"planning the step with its scans' residuals recomputed per iteration"
+                  f"{', matmul outputs kept' if save_dots else ''} (estimate "
+                  f"{format_bytes(unplanned_program.peak_bytes)} -> "
                   f"{format_bytes(rewritten.peak_bytes)})")
         program, scans_recomputed = rewritten, True
         found = search(budget)

@@ -46,10 +46,20 @@ class ScanPair:
     backward: index of the ``scan`` that reads the residuals.
     residuals: indexes, among the forward scan's ``ys``, of the stacks that
       only the backward scan reads (as ``xs``): what can be recomputed.
+    save_dots: the forward scan also stacks the outputs of the body's
+      matmuls (``dot_general``) that the recomputation needs, which then
+      recomputes only the rest from them, as
+      ``jax.checkpoint_policies.dots_saveable`` does; else the recomputation
+      starts from the body's inputs, as ``nothing_saveable`` does.
   """
   forward: int
   backward: int
   residuals: tuple[int, ...]
+  save_dots: bool = False
+
+  def saving_dots(self) -> ScanPair:
+    """This pair with ``save_dots``: the matmul outputs stacked, the rest recomputed."""
+    return dataclasses.replace(self, save_dots=True)
 
 
 def scan_pairs(jaxpr: _compat.Jaxpr) -> list[ScanPair]:
@@ -136,6 +146,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
   def run(*args: Any) -> list[Any]:
     env: dict[Any, Any] = {}
     stacked_carry: dict[int, list[Any]] = {}
+    stacked_dots: dict[int, list[Any]] = {}
 
     def read(v: Any) -> Any:
       return v.val if isinstance(v, _compat.Literal) else env[v]
@@ -150,9 +161,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
                 for v in eqn.invars]
       if i in forward:
         plan = plans[i]
-        outs = plan.bind_forward(eqn, invals)
-        stacked_carry[i] = outs[len(outs) - len(plan.new_carry_stacks):]
-        outs = outs[:len(outs) - len(plan.new_carry_stacks)]
+        outs, stacked_carry[i], stacked_dots[i] = plan.bind_forward(eqn, invals)
         kept = [v for j, v in enumerate(eqn.outvars)
                 if j < plan.num_carry or j - plan.num_carry not in plan.pair.residuals]
         for v, x in zip(kept, outs):
@@ -166,7 +175,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
         f_invals = [read(v) for v in f_eqn.invars]
         f_outvals = {j: env.get(v) for j, v in enumerate(f_eqn.outvars)}
         outs = plan.bind_backward(eqn, invals, f_eqn, f_invals, f_outvals,
-                                  stacked_carry[pair.forward])
+                                  stacked_carry[pair.forward], stacked_dots[pair.forward])
       else:
         outs = _compat.bind_eqn(eqn, invals)
       for v, x in zip(eqn.outvars, outs):
@@ -184,9 +193,10 @@ class _PairPlan:
   pair: ScanPair
   num_consts: int
   num_carry: int
-  slice_jaxpr: Any          # the forward body cut to the residuals (inputs: `needed`)
-  slice_consts: Any
-  needed: tuple[int, ...]   # forward body inputs the slice reads
+  body: Any                 # the forward body, nested calls inlined (a ClosedJaxpr)
+  saved_vars: tuple[Any, ...]   # its matmul outputs stacked too (`save_dots`)
+  slice_jaxpr: Any          # the body cut to the residuals (inputs: `needed`)
+  needed: tuple[int, ...]   # inputs of the cut body the slice reads: the body's, then saved
   # For a needed carry input: the forward ys index that already stacks it, or
   # None when the rewritten forward scan must stack it (`new_carry_stacks`).
   carry_stack: dict[int, int | None]
@@ -195,11 +205,25 @@ class _PairPlan:
   @staticmethod
   def make(jaxpr: _compat.Jaxpr, pair: ScanPair) -> _PairPlan:
     eqn = jaxpr.eqns[pair.forward]
-    body, num_consts, num_carry, _, _ = _compat.scan_params(eqn)
-    closed_body = eqn.params["jaxpr"]
+    _, num_consts, num_carry, _, _ = _compat.scan_params(eqn)
+    # Nested calls (flax wraps modules in them) inlined, so that the matmuls
+    # are equations of the body itself.
+    closed_body = _inlined(eqn.params["jaxpr"])
+    body = closed_body.jaxpr
     num_ys = len(body.outvars) - num_carry
     used = [False] * num_carry + [j in pair.residuals for j in range(num_ys)]
-    cut, used_inputs = _compat.dce_jaxpr(body, used)
+    saved_vars: tuple[Any, ...] = ()
+    cut_body = body
+    if pair.save_dots:
+      needed_part, _ = _compat.dce_jaxpr(body, used)
+      saved_vars = tuple(o for e in needed_part.eqns if e.primitive.name == "dot_general"
+                         for o in e.outvars)
+      saved = set(saved_vars)
+      # The saved outputs become inputs of the recomputation: the matmuls that
+      # make them leave it.
+      cut_body = body.replace(invars=[*body.invars, *saved_vars],
+                              eqns=[e for e in body.eqns if not saved & set(e.outvars)])
+    cut, used_inputs = _compat.dce_jaxpr(cut_body, used)
     needed = tuple(k for k, u in enumerate(used_inputs) if u)
     carry_stack: dict[int, int | None] = {}
     for k in needed:
@@ -210,27 +234,35 @@ class _PairPlan:
                                and not isinstance(eqn.outvars[num_carry + j], _compat.DropVar)),
                               None)
     new = tuple(k for k, j in carry_stack.items() if j is None)
-    return _PairPlan(pair, num_consts, num_carry, cut, closed_body.consts, needed,
+    if len(cut.constvars) != len(body.constvars):
+      raise AssertionError("the cut body lost constants")   # dce_jaxpr keeps them
+    return _PairPlan(pair, num_consts, num_carry, closed_body, saved_vars, cut, needed,
                      carry_stack, new)
 
-  def bind_forward(self, eqn: _compat.JaxprEqn, invals: list[Any]) -> list[Any]:
-    """The forward scan without the residual stacks, stacking ``new_carry_stacks`` at the end."""
-    body = eqn.params["jaxpr"]
+  def bind_forward(self, eqn: _compat.JaxprEqn,
+                   invals: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The forward scan without the residual stacks: (its other results, new carry stacks, saved stacks)."""
+    body = self.body
     num_carry = self.num_carry
-    keep = [j for j in range(len(body.jaxpr.outvars) - num_carry) if j not in self.pair.residuals]
+    num_outs = len(body.jaxpr.outvars)
+    keep = [j for j in range(num_outs - num_carry) if j not in self.pair.residuals]
+    stacking = body.jaxpr.replace(outvars=[*body.jaxpr.outvars, *self.saved_vars])
 
     def new_body(*args: Any) -> list[Any]:
-      outs = _compat.eval_jaxpr(body.jaxpr, body.consts, *args)
+      outs = _compat.eval_jaxpr(stacking, body.consts, *args)
       return (outs[:num_carry] + [outs[num_carry + j] for j in keep]
-              + [args[k] for k in self.new_carry_stacks])
+              + [args[k] for k in self.new_carry_stacks] + outs[num_outs:])
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+             for v in body.jaxpr.invars]
     new = _compat.make_jaxpr(new_body, *avals)
-    return list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
+    outs = list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
+    n_main, n_new = num_carry + len(keep), len(self.new_carry_stacks)
+    return outs[:n_main], outs[n_main:n_main + n_new], outs[n_main + n_new:]
 
   def bind_backward(self, eqn: _compat.JaxprEqn, invals: list[Any], f_eqn: _compat.JaxprEqn,
                     f_invals: list[Any], f_outvals: dict[int, Any],
-                    new_stacks: list[Any]) -> list[Any]:
+                    new_stacks: list[Any], saved_stacks: list[Any]) -> list[Any]:
     """The backward scan, recomputing the residuals from the forward body's inputs."""
     body = eqn.params["jaxpr"]
     g_consts, g_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
@@ -239,9 +271,13 @@ class _PairPlan:
     residual_pos = {pos: residual_vars.index(v) for pos, v in enumerate(eqn.invars)
                     if pos >= g_consts + g_carry and v in residual_vars}
     # The slice's inputs: loop invariants become consts, per-iteration values xs.
+    num_inputs = len(self.body.jaxpr.invars)
     extra_consts, extra_xs, source = [], [], []
     for k in self.needed:
-      if k < self.num_consts:
+      if k >= num_inputs:
+        source.append(("xs", len(extra_xs)))
+        extra_xs.append(saved_stacks[k - num_inputs])
+      elif k < self.num_consts:
         source.append(("const", len(extra_consts)))
         extra_consts.append(f_invals[k])
       elif k < self.num_consts + self.num_carry:
@@ -264,7 +300,7 @@ class _PairPlan:
       xs = list(rest[g_carry:g_carry + n_kept])
       ex = list(rest[g_carry + n_kept:])
       slice_in = [ec[i] if kind == "const" else ex[i] for kind, i in source]
-      recomputed = _compat.eval_jaxpr(self.slice_jaxpr, self.slice_consts, *slice_in)
+      recomputed = _compat.eval_jaxpr(self.slice_jaxpr, self.body.consts, *slice_in)
       full_xs, it = [], iter(xs)
       for pos in range(g_consts + g_carry, len(invals)):
         full_xs.append(recomputed[residual_pos[pos]] if pos in residual_pos else next(it))
@@ -283,8 +319,31 @@ class _PairPlan:
     return list(eqn.primitive.bind(*operands, **params))
 
 
-def with_scan_residuals_recomputed(fun: Callable[..., Any]) -> Callable[..., Any]:
+def _inlined(closed: _compat.ClosedJaxpr) -> _compat.ClosedJaxpr:
+  """``closed`` with the bodies of nested calls (``pjit``, ``custom_jvp``, ...) inlined."""
+  def evaluate(jaxpr: _compat.Jaxpr, consts: Any, args: Sequence[Any]) -> list[Any]:
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    read = lambda v: v.val if isinstance(v, _compat.Literal) else env[v]
+    for eqn in jaxpr.eqns:
+      invals = [read(v) for v in eqn.invars]
+      inner = _compat.body_of(eqn)
+      outs = (evaluate(inner.jaxpr, inner.consts, invals) if inner is not None
+              else _compat.bind_eqn(eqn, invals))
+      env.update((v, x) for v, x in zip(eqn.outvars, outs) if not isinstance(v, _compat.DropVar))
+    return [read(v) for v in jaxpr.outvars]
+
+  avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+           for v in closed.jaxpr.invars]
+  return _compat.make_jaxpr(lambda *args: evaluate(closed.jaxpr, closed.consts, args), *avals)
+
+
+def with_scan_residuals_recomputed(fun: Callable[..., Any], *,
+                                  save_dots: bool = False) -> Callable[..., Any]:
   """``fun`` whose differentiated scans recompute their stacked residuals per iteration.
+
+  ``save_dots``: the scans stack their matmul outputs and recompute the rest
+  (``ScanPair.save_dots``), else recompute from each iteration's inputs.
 
   The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
   with :func:`recompute_scan_residuals` and evaluates the result, so it can
@@ -311,7 +370,10 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any]) -> Callable[..., Any
       return out
 
     closed = _compat.make_jaxpr(flat, *leaves)
-    rewritten = recompute_scan_residuals(closed)
+    pairs = scan_pairs(closed.jaxpr)
+    if save_dots:
+      pairs = [p.saving_dots() for p in pairs]
+    rewritten = recompute_scan_residuals(closed, pairs)
     outs = _compat.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *leaves)
     return jax.tree_util.tree_unflatten(out_trees[0], outs)
 
