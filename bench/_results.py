@@ -10,6 +10,7 @@ README (``tests/test_readme.py`` fails when the two differ).
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -28,3 +29,16 @@ def write_excerpt(name: str, text: str, results: pathlib.Path = RESULTS) -> path
   path = EXCERPTS / f"{name}.md"
   path.write_text(text.strip() + "\n", encoding="utf-8")
   return path
+
+
+def flops_of(compiled: Any) -> float | None:
+  """``compiled.cost_analysis()["flops"]`` (a dict, or a list of one dict per program)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 (a backend without a cost model)
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return float(cost["flops"])

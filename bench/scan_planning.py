@@ -43,6 +43,7 @@ import jaxmem
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 import transformer  # noqa: E402
+from _results import flops_of  # noqa: E402
 
 RESULTS = HERE / "results"
 SIZE = dict(batch_size=8, seq_len=64, dim=128, heads=4)
@@ -78,17 +79,6 @@ def measure(layers: int, scanned: bool, fit: bool) -> dict[str, Any]:
                     + ("; names the scan" if "by the `scan` at" in str(e) else ""))
     row["fit_s"] = round(time.perf_counter() - t0, 1)
   return row
-
-
-def flops_of(compiled: Any) -> float | None:
-  """``compiled.cost_analysis()["flops"]``, or None where the backend has no cost model."""
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 (a backend without a cost model)
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  return float(cost["flops"]) if cost and "flops" in cost else None
 
 
 def measure_tpu(layers: int) -> list[dict[str, Any]]:

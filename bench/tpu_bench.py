@@ -65,7 +65,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
-from _results import write_excerpt  # noqa: E402
+from _results import flops_of, write_excerpt  # noqa: E402
 from jaxmem._src.estimate.targets import get_target  # noqa: E402
 
 TARGET = "tpu:v5e"
@@ -131,19 +131,6 @@ T0 = time.perf_counter()
 
 def log(msg: str) -> None:
   print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def flops_of(compiled: Any) -> float | None:
-  """``compiled.cost_analysis()["flops"]`` (a dict, or a list of one dict per program)."""
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 (a backend without a cost model)
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return float(cost["flops"])
 
 
 def measure(compiled: Any) -> dict[str, Any]:

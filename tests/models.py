@@ -4,7 +4,9 @@
   entropy) -- the model most tests plan, fit and compare;
 * :func:`mlp_program`: its analyzed program;
 * :func:`tanh_mlp`: ``jax.grad`` of a bare tanh MLP, a program small enough to
-  reason about by hand (one matmul and one ``tanh`` per layer).
+  reason about by hand (one matmul and one ``tanh`` per layer);
+* :func:`scanned_tanh_mlp`: an SGD step of the same MLP with its layers in one
+  ``lax.scan``.
 
 Tests import them (``from models import mlp``); ``conftest.py`` puts this
 folder and ``examples/`` on ``sys.path``.
@@ -46,3 +48,18 @@ def tanh_mlp(depth: int = 6, width: int = 256, batch: int = 2048, scale: float =
     return jnp.sum(x * x)
   ws = [jnp.full((width, width), scale) for _ in range(depth)]
   return jax.grad(loss), (ws, jnp.ones((batch, width)))
+
+
+def scanned_tanh_mlp(layers: int = 12, width: int = 128, batch: int = 1024
+                     ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """``(step, (ws, x))``: an SGD step of a tanh MLP whose ``layers`` are one ``lax.scan`` over ``ws``."""
+  def loss(ws, x):
+    def layer(h, w):
+      return jnp.tanh(h @ w), None
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.sum(h * h)
+
+  def step(ws, x):
+    return ws - 0.1 * jax.grad(loss)(ws, x)
+
+  return step, (jnp.full((layers, width, width), 0.01), jnp.ones((batch, width)))

@@ -238,24 +238,11 @@ def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _scanned_tanh_mlp_step():
-  def loss(ws, x):
-    def layer(h, w):
-      return jnp.tanh(h @ w), None
-    h, _ = jax.lax.scan(layer, x, ws)
-    return jnp.sum(h * h)
-
-  def step(ws, x):
-    return ws - 0.1 * jax.grad(loss)(ws, x)
-
-  return step, (jnp.full((12, 128, 128), 0.01), jnp.ones((1024, 128)))
-
-
 def test_fit_recomputes_a_scans_residuals_per_iteration():
   # The stacked residuals of a scanned MLP are one value each to the planners:
   # no plan of the step as written goes below its peak. `fit` then plans the
   # step rewritten to recompute them in the backward scan (ir/scan_remat.py).
-  step, args = _scanned_tanh_mlp_step()
+  step, args = models.scanned_tanh_mlp()
   fitted = jaxmem.fit(0.5)(step)
   res = fitted.fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes < res.unplanned_peak_bytes
@@ -266,8 +253,8 @@ def test_fit_recomputes_a_scans_residuals_per_iteration():
 
 
 def test_budget_error_names_the_scan_that_stacks_the_holders():
-  step, args = _scanned_tanh_mlp_step()
+  step, args = models.scanned_tanh_mlp()
   with pytest.raises(jaxmem.BudgetError) as info:
     jaxmem.fit("1KiB")(step)(*args)
   msg = str(info.value)
-  assert "stacked over 12 iterations by the `scan` at" in msg and "test_fit.py" in msg
+  assert "stacked over 12 iterations by the `scan` at" in msg and "models.py" in msg

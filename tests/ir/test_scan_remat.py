@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxmem
+import models
 from jaxmem._src.ir.scan_remat import ScanPair, recompute_scan_residuals, scan_pairs
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
-
-
-def _scanned_mlp_step(layers: int = 12, width: int = 128, batch: int = 1024):
-  def loss(ws, x):
-    def layer(h, w):
-      return jnp.tanh(h @ w), None
-    h, _ = jax.lax.scan(layer, x, ws)
-    return jnp.sum(h * h)
-
-  def step(ws, x):
-    return ws - 0.1 * jax.grad(loss)(ws, x)
-
-  return step, (jnp.full((layers, width, width), 0.01), jnp.ones((batch, width)))
 
 
 def _flat(step, args):
@@ -43,7 +26,7 @@ def _run(closed):
 
 
 def test_a_scanned_mlp_recomputes_its_residuals_bit_identically_in_less_memory():
-  closed, leaves = _flat(*_scanned_mlp_step())
+  closed, leaves = _flat(*models.scanned_tanh_mlp())
   pairs = scan_pairs(closed.jaxpr)
   # One forward/backward pair; the three stacks (the incoming carry, tanh and
   # 1 - tanh of each layer) only the backward scan reads.
@@ -61,7 +44,7 @@ def test_a_scanned_mlp_recomputes_its_residuals_bit_identically_in_less_memory()
 
 
 def test_an_empty_selection_leaves_the_program_as_it_was():
-  closed, leaves = _flat(*_scanned_mlp_step(layers=3, width=8, batch=4))
+  closed, leaves = _flat(*models.scanned_tanh_mlp(layers=3, width=8, batch=4))
   pair = scan_pairs(closed.jaxpr)[0]
   assert recompute_scan_residuals(closed, [ScanPair(pair.forward, pair.backward, ())]) is closed
   # Recomputing only some residuals works too.
@@ -71,7 +54,7 @@ def test_an_empty_selection_leaves_the_program_as_it_was():
 
 
 def test_a_scan_may_be_in_one_pair_only():
-  closed, _ = _flat(*_scanned_mlp_step(layers=3, width=8, batch=4))
+  closed, _ = _flat(*models.scanned_tanh_mlp(layers=3, width=8, batch=4))
   pair = scan_pairs(closed.jaxpr)[0]
   with pytest.raises(ValueError, match="one pair only"):
     recompute_scan_residuals(closed, [pair, ScanPair(pair.forward, pair.backward, (0,))])
