@@ -246,6 +246,7 @@ def test_fit_recomputes_a_scans_residuals_per_iteration():
   fitted = jaxmem.fit(0.5)(step)
   res = fitted.fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes < res.unplanned_peak_bytes
+  assert res.scans.startswith("recomputed") and "per iteration" in res.summary()
   forward = next(op for op in res.plan.program.ops if op.primitive == "scan")
   assert len(forward.outputs) == 2   # the carry, and its per-iteration stack only
   # The same arithmetic on the same values: bit-identical to jax.jit.

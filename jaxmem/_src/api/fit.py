@@ -56,6 +56,10 @@ class FitResult:
     target: the target whose compiled program verified the peaks
       (``"local"``: this machine's devices, ``"tpu:v5e"``: XLA:TPU ahead of time).
     platform: that compiler's backend (``cpu``, ``gpu``, ``tpu``).
+    scans: how the step's scans were rewritten before planning: ``""`` (not
+      rewritten), ``"recomputed, matmul outputs kept"`` or ``"recomputed"``
+      (their stacked residuals recomputed per iteration in the backward scan,
+      as ``nn.remat`` with ``dots_saveable`` or ``nothing_saveable`` would).
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -69,6 +73,7 @@ class FitResult:
   backend: str = "ffi"
   target: str = "local"
   platform: str = "cpu"
+  scans: str = ""
 
   def summary(self) -> str:
     saved = 1.0 - self.peak_bytes / max(1, self.unplanned_peak_bytes)
@@ -80,7 +85,8 @@ class FitResult:
         f"verified on:     {self.target} ({self.platform}), plan expressed by the "
         f"{self.backend!r} backend",
         f"rounds:          {self.rounds}, planning+compile {self.planning_s:.1f} s"
-        + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else ""),
+        + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else "")
+        + (f"\nscans:           residuals {self.scans} per iteration" if self.scans else ""),
     ])
 
 
@@ -417,7 +423,7 @@ class Fitted:
 
     unplanned_program = program
     found = search(budget)
-    scans_recomputed = False
+    scans_recomputed, scans = False, ""
     has_scans = any(b.depth == 0 and b.primitive == "scan" for b in program.blocks)
     # A scan's stacked residuals are one value each to the planners: the step
     # rewritten to recompute them per iteration in the backward scan
@@ -437,6 +443,7 @@ class Fitted:
                   f"{format_bytes(unplanned_program.peak_bytes)} -> "
                   f"{format_bytes(rewritten.peak_bytes)})")
         program, scans_recomputed = rewritten, True
+        scans = "recomputed, matmul outputs kept" if save_dots else "recomputed"
         found = search(budget)
     if found is None:
       # The smallest peak reported is one that asking for it reaches: the
@@ -480,7 +487,8 @@ class Fitted:
           f"{format_bytes(base_mem.peak_bytes)}).{hint_scan}{hint}",
           budget_bytes=budget, smallest_bytes=smallest, holders=holders)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
-                       found.memory, base_mem, time.perf_counter() - t0, found.options, **where)
+                       found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
+                       scans=scans)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     local = found.jitted
     if not target.is_local:
