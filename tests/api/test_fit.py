@@ -259,3 +259,42 @@ def test_budget_error_names_the_scan_that_stacks_the_holders():
     jaxmem.fit("1KiB")(step)(*args)
   msg = str(info.value)
   assert "stacked over 12 iterations by the `scan` at" in msg and "models.py" in msg
+
+
+def test_fit_recomputes_the_residuals_of_an_nnx_scan():
+  # flax nnx: layers made with `nnx.vmap` and applied with `nnx.scan`, the
+  # step a functional SGD update over `nnx.split` state.
+  from flax import nnx
+
+  class Block(nnx.Module):
+    def __init__(self, width: int, rngs: nnx.Rngs):
+      self.linear = nnx.Linear(width, width, rngs=rngs)
+
+    def __call__(self, x):
+      return jnp.tanh(self.linear(x))
+
+  class Scanned(nnx.Module):
+    def __init__(self, layers: int, width: int, rngs: nnx.Rngs):
+      @nnx.vmap(in_axes=0, out_axes=0)
+      def create(key):
+        return Block(width, nnx.Rngs(key))
+      self.blocks = create(jax.random.split(rngs.params(), layers))
+
+    def __call__(self, x):
+      @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+      def layer(x, block):
+        return block(x)
+      return layer(x, self.blocks)
+
+  graphdef, params = nnx.split(Scanned(8, 128, nnx.Rngs(0)))
+
+  def step(params, x):
+    grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(x) ** 2))(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+
+  x = jnp.ones((1024, 128))
+  fitted = jaxmem.fit(0.5)(step)
+  res = fitted.fit_result(params, x)
+  assert res.peak_bytes <= res.budget_bytes and res.scans.startswith("recomputed")
+  for a, b in zip(jax.tree.leaves(fitted(params, x)), jax.tree.leaves(jax.jit(step)(params, x))):
+    np.testing.assert_array_equal(a, b)
