@@ -10,6 +10,7 @@ README (``tests/test_readme.py`` fails when the two differ).
 from __future__ import annotations
 
 import pathlib
+import subprocess
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,3 +43,16 @@ def flops_of(compiled: Any) -> float | None:
   if not cost or "flops" not in cost:
     return None
   return float(cost["flops"])
+
+
+def commit() -> str:
+  """HEAD of the repository, with ``+dirty`` when jaxmem/ or examples/ have changes."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "jaxmem",
+                            "examples"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "?"
+  return head + ("+dirty" if dirty else "")

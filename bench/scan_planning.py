@@ -31,7 +31,6 @@ import argparse
 import json
 import pathlib
 import platform
-import subprocess
 import sys
 import time
 from typing import Any
@@ -43,7 +42,7 @@ import jaxmem
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 import transformer  # noqa: E402
-from _results import flops_of  # noqa: E402
+from _results import commit, flops_of  # noqa: E402
 
 RESULTS = HERE / "results"
 SIZE = dict(batch_size=8, seq_len=64, dim=128, heads=4)
@@ -170,11 +169,7 @@ def main() -> None:
     (RESULTS / "scan_planning.md").write_text(markdown(data["rows"], data["meta"]))
     print(markdown(data["rows"], data["meta"]))
     return
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=HERE).stdout.strip()
-  dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                         capture_output=True, text=True, cwd=HERE).stdout.strip()
-  meta = dict(when=time.strftime("%Y-%m-%d %H:%M"), commit=commit + ("+dirty" if dirty else ""),
+  meta = dict(when=time.strftime("%Y-%m-%d %H:%M"), commit=commit(),
               jax=jax.__version__, machine=f"{platform.machine()}, {jax.devices()[0].platform}")
   rows = []
   for layers in map(int, a.layers.split(",")):

@@ -65,7 +65,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
-from _results import flops_of, write_excerpt  # noqa: E402
+from _results import commit, flops_of, write_excerpt  # noqa: E402
 from jaxmem._src.estimate.targets import get_target  # noqa: E402
 
 TARGET = "tpu:v5e"
@@ -450,20 +450,6 @@ def merge(path: pathlib.Path, rows: list[dict[str, Any]], names: list[str]
     if models:
       earlier.append({**{k: v for k, v in run.items() if k != "earlier_runs"}, "models": models})
   return merged, earlier
-
-
-def commit() -> str:
-  """HEAD of the repository, with ``+dirty`` when jaxmem/ or examples/ have changes."""
-  import subprocess
-  try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "jaxmem",
-                            "examples"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "?"
-  return head + ("+dirty" if dirty else "")
 
 
 def main() -> None:

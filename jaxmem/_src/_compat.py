@@ -20,6 +20,7 @@ import numpy as np
 import jax
 from jax import extend as jex
 from jax._src import core as _core
+from jax._src.interpreters import partial_eval as _pe
 from jax._src import source_info_util as _siu
 
 Var = jex.core.Var
@@ -63,8 +64,7 @@ def eval_jaxpr(jaxpr: Jaxpr, consts: Any, *args: Any) -> list[Any]:
 
 def dce_jaxpr(jaxpr: Jaxpr, used_outputs: list[bool]) -> tuple[Jaxpr, list[bool]]:
   """``jaxpr`` cut down to the equations ``used_outputs`` need; also which inputs it still takes."""
-  from jax._src.interpreters import partial_eval as pe
-  cut, used_inputs = pe.dce_jaxpr(jaxpr, used_outputs)
+  cut, used_inputs = _pe.dce_jaxpr(jaxpr, used_outputs)
   return cut, list(used_inputs)
 
 

@@ -423,8 +423,7 @@ class Fitted:
 
     unplanned_program = program
     found = search(budget)
-    scans_recomputed, scans = False, ""
-    has_scans = any(b.depth == 0 and b.primitive == "scan" for b in program.blocks)
+    scans = ""   # how the program planned last rewrote its scans (FitResult.scans)
     # A scan's stacked residuals are one value each to the planners: the step
     # rewritten to recompute them per iteration in the backward scan
     # (`ir/scan_remat.py`) is planned too, after the step as written: first
@@ -432,7 +431,7 @@ class Fitted:
     # everything from each iteration's inputs, as `nothing_saveable` does (by
     # hand on a v5e GPT of 12 scanned layers: 0.48 of its peak at 1.01x FLOPs
     # and 0.08 at 1.22x; bench/results/scan_planning.md).
-    for save_dots in (True, False) if has_scans else ():
+    for save_dots in (True, False) if _stacking_scans(program) else ():
       if found is not None:
         break
       rewritten = analyze_step(with_scan_residuals_recomputed(inner, save_dots=save_dots), dyn,
@@ -442,7 +441,7 @@ class Fitted:
                   f"{', matmul outputs kept' if save_dots else ''} (estimate "
                   f"{format_bytes(unplanned_program.peak_bytes)} -> "
                   f"{format_bytes(rewritten.peak_bytes)})")
-        program, scans_recomputed = rewritten, True
+        program = rewritten
         scans = "recomputed, matmul outputs kept" if save_dots else "recomputed"
         found = search(budget)
     if found is None:
@@ -466,7 +465,7 @@ class Fitted:
         holders = _holders(Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
                                 unplanned_program.peak_bytes,
                                 "none"))
-      if not scans_recomputed and any(", stacked over " in d for d, _ in holders):
+      if not scans and any(", stacked over " in d for d, _ in holders):
         # A scan's stacked outputs are one value to the planners: all of its
         # iterations are kept, recomputed or staged together.
         hint_scan = (" Values stacked by a `scan` hold this peak; jaxmem plans each of them as a "

@@ -183,8 +183,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
           env[v] = x
     return [read(v) for v in jaxpr.outvars]
 
-  return _compat.make_jaxpr(run, *[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
-                                   for v in jaxpr.invars])
+  return _compat.make_jaxpr(run, *_abstract(jaxpr.invars))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +199,11 @@ class _PairPlan:
   # For a needed carry input: the forward ys index that already stacks it, or
   # None when the rewritten forward scan must stack it (`new_carry_stacks`).
   carry_stack: dict[int, int | None]
-  new_carry_stacks: tuple[int, ...]
+
+  @property
+  def new_carry_stacks(self) -> tuple[int, ...]:
+    """Body inputs (carries) the rewritten forward scan stacks as extra results, in order."""
+    return tuple(k for k, j in self.carry_stack.items() if j is None)
 
   @staticmethod
   def make(jaxpr: _compat.Jaxpr, pair: ScanPair) -> _PairPlan:
@@ -233,11 +236,10 @@ class _PairPlan:
                                if o is src and j not in pair.residuals
                                and not isinstance(eqn.outvars[num_carry + j], _compat.DropVar)),
                               None)
-    new = tuple(k for k, j in carry_stack.items() if j is None)
     if len(cut.constvars) != len(body.constvars):
       raise AssertionError("the cut body lost constants")   # dce_jaxpr keeps them
     return _PairPlan(pair, num_consts, num_carry, closed_body, saved_vars, cut, needed,
-                     carry_stack, new)
+                     carry_stack)
 
   def bind_forward(self, eqn: _compat.JaxprEqn,
                    invals: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -253,9 +255,7 @@ class _PairPlan:
       return (outs[:num_carry] + [outs[num_carry + j] for j in keep]
               + [args[k] for k in self.new_carry_stacks] + outs[num_outs:])
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
-             for v in body.jaxpr.invars]
-    new = _compat.make_jaxpr(new_body, *avals)
+    new = _compat.make_jaxpr(new_body, *_abstract(body.jaxpr.invars))
     outs = list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
     n_main, n_new = num_carry + len(keep), len(self.new_carry_stacks)
     return outs[:n_main], outs[n_main:n_main + n_new], outs[n_main + n_new:]
@@ -333,9 +333,14 @@ def _inlined(closed: _compat.ClosedJaxpr) -> _compat.ClosedJaxpr:
       env.update((v, x) for v, x in zip(eqn.outvars, outs) if not isinstance(v, _compat.DropVar))
     return [read(v) for v in jaxpr.outvars]
 
-  avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
-           for v in closed.jaxpr.invars]
-  return _compat.make_jaxpr(lambda *args: evaluate(closed.jaxpr, closed.consts, args), *avals)
+  return _compat.make_jaxpr(lambda *args: evaluate(closed.jaxpr, closed.consts, args),
+                            *_abstract(closed.jaxpr.invars))
+
+
+def _abstract(invars: Sequence[_compat.Var]) -> list[jax.ShapeDtypeStruct]:
+  """Shape-only arguments to trace a jaxpr with ``invars`` again."""
+  return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+          for v in invars]
 
 
 def with_scan_residuals_recomputed(fun: Callable[..., Any], *,
