@@ -326,6 +326,19 @@ def aval_mesh_size(aval: AbstractValue) -> int:
   return 0 if mesh is None or mesh.empty else int(mesh.size)
 
 
+def typed_spec(x: Any) -> jax.sharding.PartitionSpec | None:
+  """The ``PartitionSpec`` in the type of value ``x`` when its mesh's axes are all ``Explicit``.
+
+  Then every value's split is known while tracing (``f32[16@data]``); under
+  ``Auto`` axes (or a mix) the partitioner decides later and this is None.
+  """
+  s = getattr(jax.typeof(x), "sharding", None)
+  mesh = getattr(s, "mesh", None)
+  if mesh is None or mesh.empty or _explicit_axes(mesh) != frozenset(mesh.axis_names):
+    return None
+  return s.spec
+
+
 def aval_explicit_counts(aval: AbstractValue) -> tuple[int, ...] | None:
   """Shard counts JAX records in an aval's type, under explicit sharding.
 
@@ -438,3 +451,48 @@ def topology_devices(platform: str, topology: str, chips_per_host_bounds: tuple[
                                       chips_per_host_bounds=tuple(chips_per_host_bounds),
                                       num_slices=1)
   return tuple(desc.devices)
+
+
+# -- sharding groups ------------------------------------------------------------
+# A recomputed value must be split over the mesh as its original was, or the
+# partitioner may reduce it in another order (and the plan's results would
+# differ from jax.jit's in the last bits). Shardy's sharding groups say exactly
+# that without tying the two values' lifetimes: `sdy.sharding_group` is an
+# annotation on one value, removed after propagation. jax.experimental's
+# `shard_alike` puts both values in one call, which would keep the original
+# alive until its recomputation, so jaxmem binds its own one-value primitive
+# (group ids from the same counter as shard_alike's, so the two never collide).
+
+def _sharding_group_lowering(ctx: Any, x: Any, *, group_id: int) -> list[Any]:
+  from jax._src.lib.mlir import dialects
+  if jax.config.jax_use_shardy_partitioner:
+    dialects.sdy.sharding_group(x, group_id)
+  return [x]
+
+
+def _make_sharding_group_p() -> Any:
+  from jax._src.interpreters import mlir
+  p = jex.core.Primitive("jaxmem_sharding_group")
+  p.multiple_results = True
+  p.def_impl(lambda x, *, group_id: [x])
+  p.def_abstract_eval(lambda x, *, group_id: [x])
+  mlir.register_lowering(p, _sharding_group_lowering)
+  return p
+
+
+_sharding_group_p = _make_sharding_group_p()
+
+
+def new_sharding_group() -> int:
+  """A fresh Shardy sharding group id (unique in any program jax lowers)."""
+  from jax._src import shard_alike
+  return next(shard_alike._next_shard_group_id)
+
+
+def sharding_group(x: Any, group_id: int) -> Any:
+  """``x``, annotated to be split over the mesh like every value of group ``group_id``.
+
+  Only Shardy (jax's default partitioner) reads the annotation; with the
+  older GSPMD partitioner it is a no-op.
+  """
+  return _sharding_group_p.bind(x, group_id=group_id)[0]

@@ -140,8 +140,11 @@ def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ..
         v = program.vars[x]
         size = int(np.prod(v.shape)) if v.shape else 1
         if size > 1 and v.nbytes < out.nbytes and len(v.shape) == len(out.shape):
-          # bytes of the broadcast in the operand's own dtype
-          nbytes = v.nbytes * (int(np.prod(out.shape)) // size)
+          # bytes of the broadcast in the operand's own dtype, per device:
+          # the result's local elements (the step may be sharded)
+          out_elems = int(np.prod(out.shape))
+          local = out_elems * out.nbytes // out.global_nbytes if out.global_nbytes else out_elems
+          nbytes = v.global_nbytes // size * local
           found.append((pos, x, nbytes))
           readers.setdefault((x, nbytes), set()).add(op.phase.value)
     cands.append(found)

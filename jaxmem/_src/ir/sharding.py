@@ -37,10 +37,13 @@ from, first match wins:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
+
+import jax
 
 from jaxmem._src import _compat
 from jaxmem._src.ir import primitives
@@ -58,9 +61,15 @@ class DeviceLayout:
     num_devices: devices the step runs on (the largest mesh or argument
       sharding seen).
     counts: per value id, its per-dimension shard counts.
+    mesh: the largest ``jax.sharding.Mesh`` the step's argument shardings,
+      sharding ops or ``shard_map``s name (None if none does: shardings
+      built from device lists only). A lowering that has to place its own
+      ops per device (the ``ffi`` backend) maps counts onto its axes with
+      :func:`partition_spec`.
   """
   num_devices: int
   counts: tuple[Counts, ...]
+  mesh: Any = None
 
 
 def local_shape(shape: Sequence[int], counts: Counts) -> tuple[int, ...]:
@@ -237,6 +246,54 @@ def _dot_general(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Count
   return [out]
 
 
+@_rule("name", "copy", "copy_p", "optimization_barrier", "stop_gradient")
+def _identity(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
+  # Identities (`checkpoint_name` tags, copies, barriers): each result is split as its operand.
+  return [ins[i] if i < len(ins) else _ones(v.aval) for i, v in enumerate(eqn.outvars)]
+
+
+@_rule("conv_general_dilated")
+def _conv(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
+  # As dot_general: the result's batch dimension takes the lhs batch split,
+  # its feature dimension the kernel's output-feature split; a split
+  # contracting (input-feature) dimension is all-reduced, and spatial
+  # dimensions are whole (halo exchanges are left out: an upper bound). The
+  # weight gradient is a convolution too, whose "batch" is the input's
+  # channels and whose contracting dimension is the batch.
+  dn = eqn.params["dimension_numbers"]
+  lhs, rhs = ins[0], ins[1]
+  rank = len(_shape(eqn.outvars[0].aval))
+  out = [1] * rank
+  if eqn.params.get("batch_group_count", 1) == 1:
+    out[dn.out_spec[0]] = lhs[dn.lhs_spec[0]]
+  out[dn.out_spec[1]] = rhs[dn.rhs_spec[0]]
+  if math.prod(out) > n:
+    # Both split over the same axis (FSDP: the kernel is gathered for the
+    # forward pass): the batch split wins.
+    out[dn.out_spec[1]] = 1
+  return [tuple(out)]
+
+
+def _windowed(eqn: _compat.JaxprEqn, like: Counts) -> list[Counts]:
+  # Pooling: a dimension the window slides over (size or stride > 1) is
+  # whole; the others (batch, channels) keep the operand's split.
+  window = eqn.params.get("window_dimensions", ())
+  strides = eqn.params.get("window_strides", ()) or (1,) * len(window)
+  out = tuple(1 if (w != 1 or s != 1) else c for c, w, s in zip(like, window, strides))
+  return [out for _ in eqn.outvars]
+
+
+@_rule("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+def _reduce_window(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
+  return _windowed(eqn, ins[0])
+
+
+@_rule("select_and_scatter_add", "select_and_gather_add")
+def _select_and_scatter(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
+  # The result has the shape of the pooled operand (the last array operand).
+  return _windowed(eqn, ins[-1] if len(ins) > 1 else ins[0])
+
+
 @_rule("gather")
 def _gather(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
   # Result dims are the indices' batch dims (JAX puts the index vector last)
@@ -383,22 +440,67 @@ def _arg_counts(aval: _compat.AbstractValue, arg: Any) -> Counts:
 
 
 def _num_devices(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike],
-                 arg_leaves: Sequence[Any]) -> int:
-  n = 1
+                 arg_leaves: Sequence[Any]) -> tuple[int, Any]:
+  """Devices the step spans, and the largest concrete mesh seen (or None)."""
+  n, best = 1, None
+
+  def see(mesh: Any) -> None:
+    nonlocal best
+    if isinstance(mesh, jax.sharding.Mesh) and (best is None or mesh.size > best.size):
+      best = mesh
+
   for a in arg_leaves:
     s = _compat.sharding_of(a)
     if s is not None:
       n = max(n, _compat.sharding_num_devices(s))
+      see(getattr(s, "mesh", None))
   for aval in avals:
     n = max(n, _compat.aval_mesh_size(aval))
   for op in ops:
     mesh = _compat.shard_map_mesh(op.eqn)
     if mesh is not None:
       n = max(n, _compat.mesh_size(mesh))
+      see(mesh)
     for s in _compat.sharding_params(op.eqn) or ():
       if s is not None:
         n = max(n, _compat.sharding_num_devices(s))
-  return n
+        see(getattr(s, "mesh", None))
+  return n, best
+
+
+def partition_spec(counts: Counts, mesh: Any) -> jax.sharding.PartitionSpec | None:
+  """A ``PartitionSpec`` over ``mesh`` that splits each dimension ``counts`` ways.
+
+  Counts say how many ways, not over which axes; each split dimension takes
+  the first unused combination of mesh axes (in the mesh's order, fewest
+  axes first) whose sizes multiply to its count. Where axes of equal size
+  make that ambiguous the first is chosen; a lowering that forces this spec
+  on a value the partitioner had split over another axis costs a reshard,
+  never a wrong result. None when no combination matches (an uneven split
+  the propagation made up, or more splits than the mesh has).
+  """
+  sizes = dict(mesh.shape)
+  names = [a for a in mesh.axis_names if sizes[a] > 1]
+  used: set[str] = set()
+  spec: list[Any] = []
+  for c in counts:
+    if c <= 1:
+      spec.append(None)
+      continue
+    found = None
+    free = [a for a in names if a not in used]
+    for k in range(1, len(free) + 1):
+      for combo in itertools.combinations(free, k):
+        if math.prod(sizes[a] for a in combo) == c:
+          found = combo
+          break
+      if found:
+        break
+    if found is None:
+      return None
+    used.update(found)
+    spec.append(found[0] if len(found) == 1 else found)
+  return jax.sharding.PartitionSpec(*spec)
 
 
 def device_layout(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike],
@@ -419,7 +521,7 @@ def device_layout(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike]
     A :class:`DeviceLayout`, or None when nothing is spread over more than
     one device (the program's bytes are then left exactly as they are).
   """
-  n = _num_devices(avals, ops, arg_leaves)
+  n, mesh = _num_devices(avals, ops, arg_leaves)
   if n <= 1:
     return None
   results = {x for x in outvars if isinstance(x, int)}
@@ -457,7 +559,7 @@ def device_layout(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike]
   free_to_split = [g and not (vid in results and not c)
                    for vid, (g, c) in enumerate(zip(guess, const_like))]
   _shard_free_values_like_users(avals, ops, const_like, free_to_split, counts)
-  return DeviceLayout(n, tuple(counts))
+  return DeviceLayout(n, tuple(counts), mesh)
 
 
 def _shard_free_values_like_users(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike],

@@ -7,6 +7,8 @@ jaxmem's XLA FFI calls (:mod:`jaxmem._src.native.ops`). The result is an
 ordinary JAX function of the flat step arguments; ``jax.jit`` compiles it.
 Our own ops make every plan verifiable on the CPU, where XLA erases
 ``jax.checkpoint`` and memory kinds (``docs/design.md``, "Why native ops").
+In a step spread over several devices each op works on every device's own
+shard (:mod:`jaxmem._src.lower.per_device`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 
 from jaxmem._src import _compat
 from jaxmem._src.ir import substitutions
+from jaxmem._src.lower.per_device import PerDevice, new_key
 from jaxmem._src.native import ops as native
-from jaxmem._src.plan.schedule import Schedule, StepKind
+from jaxmem._src.plan.schedule import Schedule, Step, StepKind
 
 # A pin orders after nothing in particular: a 1-byte constant is its `dep`.
 _PIN_DEP = np.zeros((), np.uint8)
@@ -34,6 +37,17 @@ def schedule_function(schedule: Schedule,
   (:mod:`jaxmem._src.ir.substitutions`) are computed by it.
   """
   program = schedule.program
+  layout = program.device_layout
+  per_device = None
+  if program.num_devices > 1:
+    if layout is None or layout.mesh is None:
+      raise ValueError(
+          "the `ffi` backend runs its ops on each device's shard of the step's "
+          "`jax.sharding.Mesh`, and this step's shardings name none: shard its arguments with "
+          "`jax.sharding.NamedSharding(mesh, spec)`.")
+    per_device = PerDevice(layout.mesh)
+  # Ops computed again: their first and later results are tied (split alike).
+  tied = {st.op for st in schedule.steps if st.recompute} if per_device is not None else set()
 
   def run(*flat_args: jax.Array) -> list[jax.Array]:
     env: dict[int, Any] = dict(program.consts)   # arrays, tracers and constant values
@@ -42,13 +56,26 @@ def schedule_function(schedule: Schedule,
     def read(x: int | _compat.Literal) -> Any:
       return x.val if isinstance(x, _compat.Literal) else env[x]
 
+    fence = native.fence if per_device is None else per_device.fence
+    keys: dict[int, int] = {}   # handle value -> its round trip's key (per device only)
+    groups: dict[int, int] = {}   # original variable -> its Shardy sharding group
+
+    def split_like_original(outs: list[Any], ids: tuple[int, ...]) -> list[Any]:
+      # A recomputed or fetched value is split as its original was, so the
+      # partitioner cannot reduce it in another order (per_device docstring).
+      if per_device is None:
+        return outs
+      return [_compat.sharding_group(o, groups.setdefault(var, _compat.new_sharding_group()))
+              if var is not None and np.ndim(o) else o
+              for o, var in ((o, schedule.value_var[v]) for o, v in zip(outs, ids))]
     for step in schedule.steps:
       ins = [read(x) for x in step.inputs]
       if step.literal_dep is not None:
         dep = env[step.literal_dep]
-        ins = [native.fence(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal) else v
+        ins = [fence(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal) else v
                for x, v in zip(step.inputs, ins)]
-      if step.kind is StepKind.COMPUTE:
+      kind = step.kind
+      if kind is StepKind.COMPUTE:
         op = program.ops[step.op]
         outs = None
         if substitute:
@@ -56,30 +83,66 @@ def schedule_function(schedule: Schedule,
             outs = substitutions.substitute(op.eqn, ins)
         if outs is None:
           outs = _compat.bind_eqn(op.eqn, ins, op.name_stack)
-      elif step.kind is StepKind.OFFLOAD:
-        outs = [native.offload(ins[0])]
-      elif step.kind is StepKind.FETCH:
-        aval = program.vars[step.var].aval
-        outs = [native.fetch(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype)]
-      elif step.kind is StepKind.OFFLOAD_START:
-        outs = [native.offload_start(ins[0])]
-      elif step.kind is StepKind.OFFLOAD_DONE:
-        outs = [native.offload_done(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
-      elif step.kind is StepKind.FETCH_START:
-        aval = program.vars[step.var].aval
-        outs = list(native.fetch_start(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype))
-      elif step.kind is StepKind.FETCH_DONE:
-        outs = [native.fetch_done(ins[0], ins[1], ins[2])]
-      elif step.kind is StepKind.FENCE:
-        outs = [native.fence(ins[0], ins[1])]
-      elif step.kind is StepKind.PIN:
-        outs = [native.fence(ins[0], _PIN_DEP)]
-      else:  # pragma: no cover
-        raise AssertionError(step.kind)
+        if step.op in tied:
+          outs = split_like_original(list(outs), step.outputs)
+      elif kind is StepKind.FENCE:
+        outs = [fence(ins[0], ins[1])]
+      elif kind is StepKind.PIN:
+        outs = [fence(ins[0], _PIN_DEP)]
+      elif per_device is None:
+        outs = _copy_step(step, ins, program)
+      else:
+        if kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
+          # The value joins its variable's group, which its fetch will join.
+          ins = split_like_original(ins[:1], step.inputs[:1]) + ins[1:]
+        outs = _copy_step_per_device(per_device, step, ins, program, keys)
+        if kind in (StepKind.FETCH, StepKind.FETCH_DONE):
+          outs = split_like_original(outs, step.outputs)
       env.update(zip(step.outputs, outs))
     return [read(x) for x in schedule.outputs]
 
   return run
+
+
+def _copy_step(step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
+  kind = step.kind
+  if kind is StepKind.OFFLOAD:
+    return [native.offload(ins[0])]
+  if kind is StepKind.OFFLOAD_START:
+    return [native.offload_start(ins[0])]
+  if kind is StepKind.OFFLOAD_DONE:
+    return [native.offload_done(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
+  aval = program.vars[step.var].aval
+  if kind is StepKind.FETCH:
+    return [native.fetch(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype)]
+  if kind is StepKind.FETCH_START:
+    return list(native.fetch_start(ins[0], ins[1], shape=aval.shape, dtype=aval.dtype))
+  if kind is StepKind.FETCH_DONE:
+    return [native.fetch_done(ins[0], ins[1], ins[2])]
+  raise AssertionError(kind)  # pragma: no cover
+
+
+def _copy_step_per_device(ops: PerDevice, step: Step, ins: list[Any], program: Any,
+                          keys: dict[int, int]) -> list[jax.Array]:
+  """A copy step on every device's shard; ``keys`` pairs each fetch with its offload."""
+  kind = step.kind
+  if kind is StepKind.OFFLOAD:
+    keys[step.outputs[0]] = key = new_key()
+    return [ops.offload(ins[0], key)]
+  if kind is StepKind.OFFLOAD_START:
+    return [ops.offload_start(ins[0])]
+  if kind is StepKind.OFFLOAD_DONE:
+    keys[step.outputs[0]] = key = new_key()
+    dep = ins[2] if len(ins) > 2 else _PIN_DEP
+    return [ops.offload_done(ins[0], ins[1], dep, key)]
+  aval = program.vars[step.var].aval
+  if kind is StepKind.FETCH:
+    return [ops.fetch(ins[0], ins[1], keys[step.inputs[0]], aval.shape, aval.dtype)]
+  if kind is StepKind.FETCH_START:
+    return list(ops.fetch_start(ins[0], ins[1], keys[step.inputs[0]], aval.shape, aval.dtype))
+  if kind is StepKind.FETCH_DONE:
+    return [ops.fetch_done(ins[0], ins[1], ins[2])]
+  raise AssertionError(kind)  # pragma: no cover
 
 
 class FfiBackend:
