@@ -40,24 +40,39 @@ def _dense_relu(layer: nnx.Linear, x: jax.Array) -> jax.Array:
 
 
 class MLP(nnx.Module):
-  """``depth`` Linear+ReLU layers of ``width`` and a linear classifier."""
+  """``depth`` Linear+ReLU layers of ``width`` and a linear classifier.
+
+  With ``scan_layers`` the hidden layers are one stacked ``nnx.Linear``
+  (created by ``nnx.vmap``) applied by ``nnx.scan``, as flax's
+  ``scan_over_layers`` example writes deep models: traced and compiled once.
+  """
 
   def __init__(self, width: int, depth: int, classes: int, *, rngs: nnx.Rngs,
-               remat_policy: str | None = None):
-    self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+               remat_policy: str | None = None, scan_layers: bool = False):
+    if scan_layers:
+      @nnx.vmap(in_axes=0, out_axes=0)
+      def create(key: jax.Array) -> nnx.Linear:
+        return nnx.Linear(width, width, rngs=nnx.Rngs(key))
+      self.layers = create(jax.random.split(rngs.params(), depth))
+    else:
+      self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
     self.head = nnx.Linear(width, classes, rngs=rngs)
     self.remat_policy = remat_policy
+    self.scan_layers = scan_layers
 
   def __call__(self, x: jax.Array) -> jax.Array:
     layer_fn = remat_call(_dense_relu, self.remat_policy)
-    for layer in self.layers:
-      x = layer_fn(layer, x)
+    if self.scan_layers:
+      x = nnx.scan(layer_fn, in_axes=(0, nnx.Carry), out_axes=nnx.Carry)(self.layers, x)
+    else:
+      for layer in self.layers:
+        x = layer_fn(layer, x)
     return self.head(x)
 
 
 def build(batch_size: int = 8192, width: int = 512, depth: int = 8, classes: int = 10,
-          seed: int = 0, abstract: bool = False,
-          remat_policy: Any = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+          seed: int = 0, abstract: bool = False, remat_policy: Any = None,
+          scan_layers: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """A full adam train step ``step(params, opt_state, x, y)`` and its arguments.
 
   Args:
@@ -70,13 +85,15 @@ def build(batch_size: int = 8192, width: int = 512, depth: int = 8, classes: int
       nothing allocated or initialised).
     remat_policy: recompute every layer with this ``jax.checkpoint_policies``
       name (``nnx.remat``, the by-hand baseline).
+    scan_layers: the hidden layers as one ``nnx.scan`` over stacked parameters.
 
   Returns:
     ``(step, (params, opt_state, x, y))`` with ``params`` an ``nnx.State`` of
     the model's ``nnx.Param`` variables.
   """
   def make() -> MLP:
-    return MLP(width, depth, classes, rngs=nnx.Rngs(seed), remat_policy=remat_policy)
+    return MLP(width, depth, classes, rngs=nnx.Rngs(seed), remat_policy=remat_policy,
+               scan_layers=scan_layers)
 
   model = nnx.eval_shape(make) if abstract else make()
   graphdef, params = nnx.split(model, nnx.Param)

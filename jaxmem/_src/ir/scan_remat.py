@@ -19,9 +19,11 @@ instead when the backward pass did not already receive it. The arithmetic is
 the forward body's own, on the same values, so outputs and gradients are
 unchanged.
 
-A building block of per-iteration planning (issue 13), not yet chosen by any
-planner: which residuals to recompute, and staging the others to host a
-window of iterations ahead, are the planners' part.
+``jaxmem.fit`` tries the rewrites in turn when the step as written does not
+fit (``FitResult.scans`` says which one it planned). Still whole-step
+choices: which residuals of one scan to keep, recompute or stage to host is
+not chosen per residual, and the host copies are scheduled by XLA's
+host-offload pass, not a window of iterations ahead by jaxmem.
 """
 
 from __future__ import annotations
@@ -51,15 +53,38 @@ class ScanPair:
       recomputes only the rest from them, as
       ``jax.checkpoint_policies.dots_saveable`` does; else the recomputation
       starts from the body's inputs, as ``nothing_saveable`` does.
+    offload: the stacks the rewrite adds (the carries the recomputation
+      starts from, and the matmul outputs with ``save_dots``) live in host
+      memory: each iteration's slice is ``jax.device_put`` to
+      ``jax.memory.Space.Host`` in the forward body and back to the device in
+      the backward body, as ``save_and_offload_only_these_names`` does for a
+      remat-ed scan body. XLA:TPU (and XLA:GPU) then keeps the whole stack on
+      the host and copies one slice per iteration; XLA:CPU erases memory
+      kinds. (Layrub, §3, and the window-based scheduling of Hayakawa et
+      al. move per-layer data a layer ahead; here XLA's host-offload pass
+      schedules the per-iteration copies.)
   """
   forward: int
   backward: int
   residuals: tuple[int, ...]
   save_dots: bool = False
+  offload: bool = False
 
   def saving_dots(self) -> ScanPair:
     """This pair with ``save_dots``: the matmul outputs stacked, the rest recomputed."""
     return dataclasses.replace(self, save_dots=True)
+
+  def offloading(self) -> ScanPair:
+    """This pair with ``offload``: the stacks the recomputation reads kept in host memory."""
+    return dataclasses.replace(self, offload=True)
+
+
+def _to_host(x: Any) -> Any:
+  return jax.device_put(x, jax.memory.Space.Host)
+
+
+def _to_device(x: Any) -> Any:
+  return jax.device_put(x, jax.memory.Space.Device)
 
 
 def scan_pairs(jaxpr: _compat.Jaxpr) -> list[ScanPair]:
@@ -250,10 +275,13 @@ class _PairPlan:
     keep = [j for j in range(num_outs - num_carry) if j not in self.pair.residuals]
     stacking = body.jaxpr.replace(outvars=[*body.jaxpr.outvars, *self.saved_vars])
 
+    stack = _to_host if self.pair.offload else (lambda x: x)
+
     def new_body(*args: Any) -> list[Any]:
       outs = _compat.eval_jaxpr(stacking, body.consts, *args)
       return (outs[:num_carry] + [outs[num_carry + j] for j in keep]
-              + [args[k] for k in self.new_carry_stacks] + outs[num_outs:])
+              + [stack(args[k]) for k in self.new_carry_stacks]
+              + [stack(o) for o in outs[num_outs:]])
 
     new = _compat.make_jaxpr(new_body, *_abstract(body.jaxpr.invars))
     outs = list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
@@ -273,9 +301,12 @@ class _PairPlan:
     # The slice's inputs: loop invariants become consts, per-iteration values xs.
     num_inputs = len(self.body.jaxpr.invars)
     extra_consts, extra_xs, source = [], [], []
+    on_host: set[int] = set()   # extra_xs the rewrite stacked in host memory (`offload`)
     for k in self.needed:
       if k >= num_inputs:
         source.append(("xs", len(extra_xs)))
+        if self.pair.offload:
+          on_host.add(len(extra_xs))
         extra_xs.append(saved_stacks[k - num_inputs])
       elif k < self.num_consts:
         source.append(("const", len(extra_consts)))
@@ -285,6 +316,8 @@ class _PairPlan:
         stack = (f_outvals[self.num_carry + j] if j is not None
                  else new_stacks[self.new_carry_stacks.index(k)])
         source.append(("xs", len(extra_xs)))
+        if j is None and self.pair.offload:
+          on_host.add(len(extra_xs))
         extra_xs.append(stack)
       else:
         source.append(("xs", len(extra_xs)))
@@ -299,7 +332,8 @@ class _PairPlan:
       carry = list(rest[:g_carry])
       xs = list(rest[g_carry:g_carry + n_kept])
       ex = list(rest[g_carry + n_kept:])
-      slice_in = [ec[i] if kind == "const" else ex[i] for kind, i in source]
+      slice_in = [ec[i] if kind == "const" else _to_device(ex[i]) if i in on_host else ex[i]
+                  for kind, i in source]
       recomputed = _compat.eval_jaxpr(self.slice_jaxpr, self.body.consts, *slice_in)
       full_xs, it = [], iter(xs)
       for pos in range(g_consts + g_carry, len(invals)):
@@ -343,12 +377,14 @@ def _abstract(invars: Sequence[_compat.Var]) -> list[jax.ShapeDtypeStruct]:
           for v in invars]
 
 
-def with_scan_residuals_recomputed(fun: Callable[..., Any], *,
-                                  save_dots: bool = False) -> Callable[..., Any]:
+def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool = False,
+                                  offload: bool = False) -> Callable[..., Any]:
   """``fun`` whose differentiated scans recompute their stacked residuals per iteration.
 
   ``save_dots``: the scans stack their matmul outputs and recompute the rest
   (``ScanPair.save_dots``), else recompute from each iteration's inputs.
+  ``offload``: what the recomputation reads is stacked in host memory
+  (``ScanPair.offload``; an accelerator's compiler only).
 
   The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
   with :func:`recompute_scan_residuals` and evaluates the result, so it can
@@ -378,6 +414,8 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *,
     pairs = scan_pairs(closed.jaxpr)
     if save_dots:
       pairs = [p.saving_dots() for p in pairs]
+    if offload:
+      pairs = [p.offloading() for p in pairs]
     rewritten = recompute_scan_residuals(closed, pairs)
     outs = _compat.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *leaves)
     return jax.tree_util.tree_unflatten(out_trees[0], outs)
