@@ -16,7 +16,8 @@ peak is over 1 GiB. ``fit`` rewrites a scan to recompute its residuals per
 iteration (``jaxmem/_src/ir/scan_remat.py``); what stays is each iteration's
 carry, stacked over the layers, as with ``nothing_saveable`` by hand.
 
-Run: ``python bench/nnx_scan.py``; writes ``bench/results/nnx_scan.{json,md}``.
+Run: ``python bench/nnx_scan.py [--render]``; writes ``bench/results/nnx_scan.{json,md}``
+(``--render``: the tables again from the JSON).
 About 5 minutes on 2 CPUs.
 """
 
@@ -44,7 +45,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE))
 import nnx_mlp  # noqa: E402
-from _results import commit, flops_of  # noqa: E402
+from _results import commit, flops_of, write_excerpt  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
@@ -157,16 +158,21 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def main() -> None:
-  rows = []
-  for where in ("cpu", "tpu"):
-    for model in ("nnx_mlp", "tanh_sgd"):
-      rows += measure(model, where)
-  meta = dict(jax=jax.__version__, commit=commit(),
-              machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
-  RESULTS.mkdir(parents=True, exist_ok=True)
-  (RESULTS / "nnx_scan.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+  if "--render" in sys.argv:   # the tables again from the results file
+    doc = json.loads((RESULTS / "nnx_scan.json").read_text())
+    meta, rows = doc["meta"], doc["rows"]
+  else:
+    rows = []
+    for where in ("cpu", "tpu"):
+      for model in ("nnx_mlp", "tanh_sgd"):
+        rows += measure(model, where)
+    meta = dict(jax=jax.__version__, commit=commit(),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "nnx_scan.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   md = render(rows, meta)
   (RESULTS / "nnx_scan.md").write_text(md)
+  write_excerpt("nnx_scan", "`python bench/nnx_scan.py` " + md.split("\n", 2)[2])
   print(md)
 
 

@@ -53,7 +53,7 @@ CPU_CASES = {
                                    layers=4), "tp"),
 }
 TPU_CASES = {
-    "resnet50_dp_fsdp": ("resnet", dict(batch_size=256, depth=50, image_size=224, abstract=True),
+    "resnet50_dp_fsdp": ("resnet", dict(batch_size=128, depth=50, image_size=224, abstract=True),
                          "fsdp"),
     "gpt_tp": ("transformer", dict(batch_size=64, seq_len=256, vocab=256, dim=512, heads=8,
                                    layers=8), "tp"),
@@ -218,7 +218,7 @@ def main() -> None:
   p.add_argument("--out", type=pathlib.Path, default=RESULTS)
   a = p.parse_args()
   sys.path.insert(0, str(HERE))
-  from _results import commit
+  from _results import commit, write_excerpt
   import jax
   rows = []
   for where, cases in (("cpu", CPU_CASES), ("tpu", TPU_CASES)):
@@ -232,6 +232,8 @@ def main() -> None:
   (a.out / "sharded_fit.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   md = render(rows, meta)
   (a.out / "sharded_fit.md").write_text(md)
+  head = md.split("\n", 2)[2]   # the table and its caption, without the title
+  write_excerpt("sharded_fit", f"`python bench/sharded_fit.py` " + head, a.out)
   print(md)
 
 
