@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import jax.numpy as jnp
+import numpy as np
 
 import jaxmem
 from jaxmem._src import _compat
@@ -74,9 +75,12 @@ print(json.dumps({
     "abstract_args": [abstract.vars[i].nbytes for i in abstract.invars],
     "act": by_shape(prog, (64, 64)), "w1": by_shape(prog, (32, 64)),
     "compiled_args": c.compiled.argument_bytes,
+    "report": prog.report().splitlines()[:2],
 }))
 """)
   assert out["devices"] == 4
+  # The report says whose bytes it shows.
+  assert "spread over 4 devices" in out["report"][0] and "per device" in out["report"][1]
   # Flat arguments: w1, w2 whole (replicated); x [64,32] and y [64,8] split 4 ways.
   assert out["args"] == [32 * 64 * 4, 64 * 8 * 4, 16 * 32 * 4, 16 * 8 * 4]
   assert out["abstract_args"] == out["args"]          # ShapeDtypeStruct(sharding=...) too
@@ -211,3 +215,31 @@ print(json.dumps(res))
 """)
   for name, (est, compiled, err) in out.items():
     assert abs(err) <= 0.15, (name, est, compiled)
+
+
+def test_convolutions_and_pooling_keep_the_batch_split():
+  """A data-parallel conv step: activations a quarter per device, as XLA's executable holds them."""
+  out = _run("""
+from jax import lax
+mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
+
+def step(w, x):
+  def loss(w):
+    y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    z = lax.reduce_window(jnp.tanh(y), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    return jnp.sum(z * z)
+  return w - 0.1 * jax.grad(loss)(w)
+
+w = jnp.ones((3, 3, 8, 16)) * 0.01
+x = jax.device_put(jnp.ones((32, 16, 16, 8)), NamedSharding(mesh, P("d")))
+prog = jaxmem.analyze(step, w, x)
+c = jaxmem.compare(step, w, x, verbose=False)
+print(json.dumps({"conv": by_shape(prog, (32, 16, 16, 16)), "pool": by_shape(prog, (32, 8, 8, 16)),
+                  "wgrad": by_shape(prog, (3, 3, 8, 16)), "err": c.relative_error}))
+""")
+  quarter = lambda shape: [[int(np.prod(shape)) * 4 // 4, int(np.prod(shape)) * 4]]
+  assert out["conv"] == quarter((32, 16, 16, 16))
+  assert out["pool"] == quarter((32, 8, 8, 16))
+  # The kernel's gradient contracts the split batch: all-reduced, whole.
+  assert [3 * 3 * 8 * 16 * 4] * 2 in out["wgrad"]
+  assert abs(out["err"]) <= 0.25

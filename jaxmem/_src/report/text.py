@@ -43,9 +43,13 @@ def program_report(program: AnalyzedProgram, top: int = 15) -> str:
   peak_op = (f"op {prof.peak_index} `{program.ops[prof.peak_index].primitive}` "
              f"({program.ops[prof.peak_index].source})"
              if prof.peak_index < program.num_ops else "the exit")
+  sharded = program.num_devices > 1
   lines = [
-      f"jaxmem lifetime report: {program.num_ops} ops, {len(vars_)} values",
-      f"estimated peak: {format_bytes(prof.peak_bytes)} at {peak_op}",
+      f"jaxmem lifetime report: {program.num_ops} ops, {len(vars_)} values"
+      + (f", spread over {program.num_devices} devices: every byte below is one device's"
+         if sharded else ""),
+      f"estimated peak: {format_bytes(prof.peak_bytes)}{' per device' if sharded else ''} "
+      f"at {peak_op}",
   ]
   by_role: dict[str, int] = defaultdict(int)
   by_module: dict[str, int] = defaultdict(int)
@@ -86,6 +90,9 @@ def program_report(program: AnalyzedProgram, top: int = 15) -> str:
       lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} "
                    f"{'XLA broadcast':15} {f'{span[0]}..{span[1]}':>12}  {where}")
       continue
+    if sharded and v.global_nbytes > v.nbytes:
+      # A split value: its share of the whole, so "1/8 of 16 MiB" reads at a glance.
+      where += f"  (1/{round(v.global_nbytes / max(1, v.nbytes))} of {format_bytes(v.global_nbytes)})"
     lines.append(f"  {format_bytes(nbytes):>11}  {v.type_str[:24]:24} {v.role.value:15} "
                  f"{_interval(program, vid):>12}  {where}")
   lines += blocks_report(program)
