@@ -24,7 +24,8 @@ rounding (``allclose`` at rtol 1e-5, atol 1e-6 on every leaf but the
 attention key bias, whose gradient is exactly zero in exact arithmetic and
 whose adam update is float noise).
 
-Run: ``python bench/sharded_fit.py [--only cpu|tpu]``; writes
+Run: ``python bench/sharded_fit.py [--only cpu|tpu]`` (``--only`` keeps the other part's
+rows of an earlier run); writes
 ``bench/results/sharded_fit.{json,md}``. About 30 minutes on 2 CPUs (the
 ResNet-50 on the TPU target most of it).
 """
@@ -51,6 +52,11 @@ CPU_CASES = {
                                         classes=16), "fsdp"),
     "gpt_tp": ("transformer", dict(batch_size=16, seq_len=128, vocab=256, dim=256, heads=8,
                                    layers=4), "tp"),
+    # The decoder blocks as one `nn.scan` over stacked parameters: fit rewrites
+    # the scan to recompute its residuals per iteration, so the reference is
+    # `nn.remat` with the matching JAX policy on the scanned block.
+    "gpt_scan_tp": ("transformer", dict(batch_size=16, seq_len=128, vocab=256, dim=256, heads=8,
+                                        layers=8, scan_layers=True), "tp"),
 }
 TPU_CASES = {
     "resnet50_dp_fsdp": ("resnet", dict(batch_size=128, depth=50, image_size=224, abstract=True),
@@ -78,15 +84,19 @@ def _layout(kind: str, args: tuple[Any, ...], mesh: Any, place: Any) -> tuple[An
 
   def tp(path: Any, a: Any) -> Any:
     k = jax.tree_util.keystr(path)
+    stacked = "DecoderBlocks" in k        # nn.scan: a leading layer dimension
+    ndim = a.ndim - stacked
     spec = P()
     if any(f"['{n}']" in k for n in ("query", "key", "value")):
-      spec = P(None, "model", None) if a.ndim == 3 else P("model", None)
-    elif "['out']" in k and a.ndim == 3:
+      spec = P(None, "model", None) if ndim == 3 else P("model", None)
+    elif "['out']" in k and ndim == 3:
       spec = P("model", None, None)
     elif "Dense_0" in k and "Block" in k:
-      spec = P(None, "model") if a.ndim == 2 else P("model")
-    elif "Dense_1" in k and "Block" in k and a.ndim == 2:
+      spec = P(None, "model") if ndim == 2 else P("model")
+    elif "Dense_1" in k and "Block" in k and ndim == 2:
       spec = P("model", None)
+    if stacked and spec != P():
+      spec = P(None, *spec)
     return place(a, spec)
 
   params, opt, tokens = args
@@ -158,7 +168,13 @@ def run_case(where: str, name: str, budget: float) -> dict[str, Any]:
              backend=res.backend, rounds=res.rounds, remat=res.plan.num_remat,
              offload=res.plan.num_offload, host_mib=res.memory.host_temp_bytes / MiB)
   if where == "cpu":
-    row["results"] = _compare_results(fitted(*args), jax.jit(step)(*args))
+    reference, against = step, "jax.jit"
+    if res.scans:   # the scans' residuals recomputed: JAX's policy on the scanned block
+      policy = "dots_saveable" if "matmul" in res.scans else "nothing_saveable"
+      reference = mod.build(**kw, remat_policy=policy)[0]
+      against = f"nn.remat({policy})"
+    row["results"] = f"{_compare_results(fitted(*args), jax.jit(reference)(*args))} to {against}"
+    row["scans"] = res.scans
   print(f"[{where}/{name}] fit({budget}): {row['peak_mib']:.1f} MiB ({row['fraction']:.2f}) in "
         f"{row['fit_s']:.0f} s, {row.get('results', '')}", flush=True)
   return row
@@ -228,6 +244,16 @@ def main() -> None:
       rows.append(_subprocess(where, name, a.budget))
   meta = dict(jax=jax.__version__, commit=commit(), machine=f"{platform.machine()}, "
               f"{os.cpu_count()} CPUs")
+  old = a.out / "sharded_fit.json"
+  if a.only and old.exists():
+    # Only one part rerun: the other part's rows stay, with the commit each ran at.
+    prev = json.loads(old.read_text())
+    for r in prev["rows"]:
+      r.setdefault("commit", prev["meta"]["commit"])
+    rows = [r for r in prev["rows"] if r["where"] != a.only] + [
+        dict(r, commit=meta["commit"]) for r in rows]
+    rows.sort(key=lambda r: r["where"])
+    meta["commit"] = ", ".join(sorted({r["commit"] for r in rows}))
   a.out.mkdir(parents=True, exist_ok=True)
   (a.out / "sharded_fit.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   md = render(rows, meta)

@@ -121,27 +121,37 @@ print(json.dumps(report(jaxmem.fit(0.55, planner="layrub", copies="async")(step)
   assert all(out["same"]), out
 
 
-def test_tensor_parallel_transformer_fits_half_its_per_device_peak():
-  out = _run("""
+# Tensor parallel on a data x model mesh, Megatron-style: q/k/v and the MLP's
+# first kernel split by output (heads, columns), the attention output and the
+# MLP's second kernel by input; scanned blocks have a leading layer dimension.
+_TP = """
 import transformer
 mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+def tp(path, a):
+  k = jax.tree_util.keystr(path)
+  stacked = "DecoderBlocks" in k
+  ndim = a.ndim - stacked
+  spec = P()
+  if any(f"['{n}']" in k for n in ("query", "key", "value")):
+    spec = P(None, "model", None) if ndim == 3 else P("model", None)
+  elif "['out']" in k and ndim == 3:
+    spec = P("model", None, None)
+  elif "Dense_0" in k and "Block" in k:
+    spec = P(None, "model") if ndim == 2 else P("model")
+  elif "Dense_1" in k and "Block" in k and ndim == 2:
+    spec = P("model", None)
+  if stacked and spec != P():
+    spec = P(None, *spec)
+  return jax.device_put(a, NamedSharding(mesh, spec))
+"""
+
+
+def test_tensor_parallel_transformer_fits_half_its_per_device_peak():
+  out = _run(_TP + """
 step, (params, opt, tokens) = transformer.build(batch_size=16, seq_len=128, vocab=64, dim=128,
                                                 heads=4, layers=2)
 
-def tp(path, a):
-  # Megatron-style: q/k/v and the MLP's first kernel split by output
-  # (heads, columns), the attention output and the MLP's second kernel by input.
-  k = jax.tree_util.keystr(path)
-  spec = P()
-  if any(f"['{n}']" in k for n in ("query", "key", "value")):
-    spec = P(None, "model", None) if a.ndim == 3 else P("model", None)
-  elif "['out']" in k and a.ndim == 3:
-    spec = P("model", None, None)
-  elif "Dense_0" in k and "Block" in k:
-    spec = P(None, "model") if a.ndim == 2 else P("model")
-  elif "Dense_1" in k and "Block" in k and a.ndim == 2:
-    spec = P("model", None)
-  return jax.device_put(a, NamedSharding(mesh, spec))
 
 args = (jax.tree_util.tree_map_with_path(tp, params), jax.tree_util.tree_map_with_path(tp, opt),
         jax.device_put(tokens, NamedSharding(mesh, P("data"))))
@@ -187,4 +197,26 @@ x = jax.device_put(jax.random.normal(k, (4096, 256)), NamedSharding(mesh, P("dat
 print(json.dumps(report(jaxmem.fit(0.55)(step), (ws, x))))
 """)
   assert out["peak"] <= out["budget"] < out["unplanned"], out
+  assert all(out["same"]), out
+
+
+def test_scanned_tensor_parallel_transformer_recomputes_per_iteration_like_nn_remat():
+  # `nn.scan` over the blocks, under the same tensor-parallel mesh: fit
+  # rewrites the scan to recompute its residuals per iteration, and computes
+  # what `nn.remat` with the matching policy on the scanned block computes.
+  out = _run(_TP + """
+kw = dict(batch_size=16, seq_len=128, vocab=64, dim=256, heads=8, layers=6, scan_layers=True)
+step, (params, opt, tokens) = transformer.build(**kw)
+args = (jax.tree_util.tree_map_with_path(tp, params), jax.tree_util.tree_map_with_path(tp, opt),
+        jax.device_put(tokens, NamedSharding(mesh, P("data"))))
+fitted = jaxmem.fit(0.5)(step)
+res = fitted.fit_result(*args)
+policy = "dots_saveable" if "matmul" in res.scans else "nothing_saveable"
+reference = transformer.build(**kw, remat_policy=policy)[0]
+print(json.dumps(dict(budget=res.budget_bytes, unplanned=res.unplanned_peak_bytes,
+                      peak=res.peak_bytes, scans=res.scans,
+                      same=same(fitted(*args), jax.jit(reference)(*args)))))
+""")
+  assert out["peak"] <= out["budget"] < out["unplanned"], out
+  assert out["scans"].startswith("recomputed"), out
   assert all(out["same"]), out
