@@ -220,3 +220,21 @@ print(json.dumps(dict(budget=res.budget_bytes, unplanned=res.unplanned_peak_byte
   assert out["peak"] <= out["budget"] < out["unplanned"], out
   assert out["scans"].startswith("recomputed"), out
   assert all(out["same"]), out
+
+
+def test_budget_error_under_a_mesh_names_the_collectives_buffers():
+  out = _run(_FSDP + """
+import mlp
+mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+step, args = mlp.build(batch_size=1024, width=512, depth=4)
+args = shard(args, mesh)
+try:
+  jaxmem.fit(0.1)(step).fit_result(*args)
+  print(json.dumps({"raised": False}))
+except jaxmem.BudgetError as e:
+  print(json.dumps({"raised": True, "message": str(e)}))
+""")
+  assert out["raised"]
+  # FSDP: every kernel is gathered whole for its matmuls, by XLA, not by a jaxpr value.
+  assert "8-device mesh XLA's collectives" in out["message"]
+  assert "all-gather f32[512,512]" in out["message"], out["message"]

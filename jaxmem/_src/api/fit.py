@@ -33,7 +33,7 @@ from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import PLANNERS, as_planner
 from jaxmem._src.planners.segments import segments
-from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
+from jaxmem._src.verify.compiled import CompiledMemory, collective_buffers, compiled_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -474,8 +474,9 @@ class Fitted:
       # The unplanned program is a candidate too: a budget of its own peak
       # always works ("already fits"), so no smaller-looking plan may hide it.
       smallest, holders = best.memory.peak_bytes, _holders(best.plan)
+      at_floor = best.compiled
       if base_mem.peak_bytes <= smallest:
-        smallest = base_mem.peak_bytes
+        smallest, at_floor = base_mem.peak_bytes, base_compiled
         holders = _holders(Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
                                 unplanned_program.peak_bytes,
                                 "none"))
@@ -497,7 +498,8 @@ class Fitted:
       raise BudgetError(
           f"`jaxmem.fit`: cannot fit `{getattr(self.fun, '__name__', 'step')}` into "
           f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
-          f"{format_bytes(base_mem.peak_bytes)}).{hint_scan}{hint}",
+          f"{format_bytes(base_mem.peak_bytes)}).{hint_scan}{hint}"
+          f"{_collectives_hint(program, at_floor)}",
           budget_bytes=budget, smallest_bytes=smallest, holders=holders)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
@@ -589,6 +591,28 @@ def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:
       desc += f", stacked over {scans[v.defined_by]}"
     out.append((desc, nbytes))
   return out
+
+
+def _collectives_hint(program: Program, compiled: Any) -> str:
+  """For a step under a mesh: the largest buffers XLA's collectives hold in ``compiled``.
+
+  Gathered FSDP weights and all-reduced gradients are the partitioner's,
+  not jaxpr values: no plan moves them, and the estimate's holders do not list them.
+  """
+  if program.num_devices <= 1:
+    return ""
+  try:
+    found = collective_buffers(compiled)
+  except Exception:  # noqa: BLE001 (a backend whose compiled text cannot be read)
+    return ""
+  if not found:
+    return ""
+  total = sum(c.nbytes * c.count for c in found)
+  listed = "; ".join(str(c) for c in found[:4])
+  return (f" Under the {program.num_devices}-device mesh XLA's collectives hold buffers no plan "
+          f"moves ({format_bytes(total)} of results in all; whether they are live at the peak "
+          f"is XLA's schedule): {listed}. Sharding what they gather or reduce more finely "
+          "(FSDP over more devices, a reduce-scatter instead of an all-reduce) lowers them.")
 
 
 def _stacking_scans(program: Program) -> dict[int, str]:

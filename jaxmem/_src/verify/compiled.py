@@ -8,6 +8,7 @@ comparable).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 
@@ -42,3 +43,61 @@ def compiled_memory(compiled: jax.stages.Compiled) -> CompiledMemory:
   return CompiledMemory(int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
                         int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes),
                         int(getattr(stats, "host_temp_size_in_bytes", 0) or 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveBuffers:
+  """Results of one kind of collective XLA's partitioner put in a compiled program.
+
+  Attributes:
+    op: the HLO opcode (``all-gather``, ``all-reduce``, ``reduce-scatter``,
+      ``all-to-all``, ``collective-permute``; asynchronous ``-start`` halves
+      are counted under the same name).
+    type_str: the result type (``f32[512,512]``), per device.
+    nbytes: bytes of one result.
+    count: how many such collectives produce a result of that type.
+  """
+  op: str
+  type_str: str
+  nbytes: int
+  count: int
+
+  def __str__(self) -> str:
+    times = f" x{self.count}" if self.count > 1 else ""
+    return f"{self.op} {self.type_str} ({format_bytes(self.nbytes)}){times}"
+
+
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_COLLECTIVE = re.compile(
+    r"= (\(?[^=]*?\)?) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+    r"(?:-start)?\(")
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def collective_buffers(compiled: jax.stages.Compiled) -> tuple[CollectiveBuffers, ...]:
+  """The collectives in ``compiled``'s HLO and the device bytes of their results, largest first.
+
+  Under a mesh these buffers are XLA's own (an FSDP step's gathered weights,
+  a data-parallel step's all-reduced gradients): no jaxpr value holds them,
+  so neither jaxmem's estimate nor its plans can move them. A ``-start``
+  half's tuple result counts its largest element.
+  """
+  found: dict[tuple[str, str], list[int]] = {}
+  for line in compiled.as_text().splitlines():
+    m = _COLLECTIVE.search(line)
+    if not m:
+      continue
+    best = ("", 0)
+    for dtype, dims in _ARRAY.findall(m.group(1)):
+      if dtype not in _ITEM_BYTES:
+        continue
+      n = _ITEM_BYTES[dtype]
+      for d in filter(None, dims.split(",")):
+        n *= int(d)
+      if n > best[1]:
+        best = (f"{dtype}[{dims}]", n)
+    if best[1]:
+      found.setdefault((m.group(2), best[0]), []).append(best[1])
+  out = [CollectiveBuffers(op, t, sizes[0], len(sizes)) for (op, t), sizes in found.items()]
+  return tuple(sorted(out, key=lambda c: (-c.nbytes * c.count, c.op, c.type_str)))
