@@ -70,36 +70,15 @@ def _layout(kind: str, args: tuple[Any, ...], mesh: Any, place: Any) -> tuple[An
   """The step's arguments laid out over ``mesh``; ``place(leaf, spec)`` puts one leaf."""
   import jax
   from jax.sharding import PartitionSpec as P
-  axis = mesh.axis_names[0]
+  from _common import fsdp_spec
+  from transformer import tensor_parallel_spec
   if kind == "fsdp":
-    n = mesh.shape[axis]
-
-    def fsdp(a: Any) -> Any:
-      dims = [d for d in range(a.ndim) if a.shape[d] % n == 0] if a.ndim >= 2 else []
-      return place(a, P(*[(axis if d == dims[0] else None) for d in range(a.ndim)])
-                   if dims else P())
-
+    axis = mesh.axis_names[0]
     *state, x, y = args
-    return (*jax.tree.map(fsdp, tuple(state)), place(x, P(axis)), place(y, P(axis)))
-
-  def tp(path: Any, a: Any) -> Any:
-    k = jax.tree_util.keystr(path)
-    stacked = "DecoderBlocks" in k        # nn.scan: a leading layer dimension
-    ndim = a.ndim - stacked
-    spec = P()
-    if any(f"['{n}']" in k for n in ("query", "key", "value")):
-      spec = P(None, "model", None) if ndim == 3 else P("model", None)
-    elif "['out']" in k and ndim == 3:
-      spec = P("model", None, None)
-    elif "Dense_0" in k and "Block" in k:
-      spec = P(None, "model") if ndim == 2 else P("model")
-    elif "Dense_1" in k and "Block" in k and ndim == 2:
-      spec = P("model", None)
-    if stacked and spec != P():
-      spec = P(None, *spec)
-    return place(a, spec)
-
+    return (*jax.tree.map(lambda a: place(a, fsdp_spec(a, mesh.shape[axis], axis)), tuple(state)),
+            place(x, P(axis)), place(y, P(axis)))
   params, opt, tokens = args
+  tp = lambda path, a: place(a, tensor_parallel_spec(path, a))  # noqa: E731
   return (jax.tree_util.tree_map_with_path(tp, params), jax.tree_util.tree_map_with_path(tp, opt),
           place(tokens, P("data")))
 

@@ -142,6 +142,18 @@ def classifier_step(model: Any, inputs: jax.Array, labels: jax.Array, tx: Any,
   return cross_entropy_step(model.apply, tx), (params, tx.init(params), inputs, labels)
 
 
+def fsdp_spec(leaf: Any, ways: int, axis: str = "data") -> jax.sharding.PartitionSpec:
+  """FSDP: a parameter (or its optimizer state) split ``ways`` ways over ``axis``.
+
+  Along its first dimension that divides evenly; vectors and leaves with no
+  such dimension stay whole (replicated). The partitioner gathers each
+  kernel for its use, as FSDP does.
+  """
+  P = jax.sharding.PartitionSpec
+  dims = [d for d in range(leaf.ndim) if leaf.shape[d] % ways == 0] if leaf.ndim >= 2 else []
+  return P(*[(axis if d == dims[0] else None) for d in range(leaf.ndim)]) if dims else P()
+
+
 def run_example(build: Callable[..., Any], default_batch: int, doc: str | None) -> None:
   """``--batch --steps --budget``: train a few steps under ``jaxmem.fit`` and print the result."""
   import jaxmem

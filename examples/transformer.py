@@ -69,6 +69,31 @@ class GPT(nn.Module):
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
+def tensor_parallel_spec(path: Any, leaf: Any, axis: str = "model") -> jax.sharding.PartitionSpec:
+  """Megatron-style tensor parallelism of one GPT parameter (or optimizer state) leaf.
+
+  query/key/value and the MLP's first kernel split by output (heads,
+  columns) over ``axis``, the attention output projection and the MLP's
+  second kernel by input; the rest whole. Leaves of ``scan_layers=True``
+  models have a leading layer dimension, left whole. Use with
+  ``jax.tree_util.tree_map_with_path``.
+  """
+  P = jax.sharding.PartitionSpec
+  k = jax.tree_util.keystr(path)
+  stacked = "DecoderBlocks" in k
+  ndim = leaf.ndim - stacked
+  spec = P()
+  if any(f"['{n}']" in k for n in ("query", "key", "value")):
+    spec = P(None, axis, None) if ndim == 3 else P(axis, None)
+  elif "['out']" in k and ndim == 3:
+    spec = P(axis, None, None)
+  elif "Dense_0" in k and "Block" in k:
+    spec = P(None, axis) if ndim == 2 else P(axis)
+  elif "Dense_1" in k and "Block" in k and ndim == 2:
+    spec = P(axis, None)
+  return P(None, *spec) if stacked and spec != P() else spec
+
+
 def build(batch_size: int = 16, seq_len: int = 128, vocab: int = 256, dim: int = 128,
           heads: int = 4, layers: int = 4, seed: int = 0,
           remat_policy: Any = None, scan_layers: bool = False,

@@ -59,18 +59,13 @@ def _run(body: str) -> dict:
 # Data parallel + FSDP: the batch and every kernel (and its adam moments)
 # split 8 ways over one axis, along its first dimension that divides evenly.
 _FSDP = """
-def fsdp(mesh):
-  def put(a):
-    dims = [d for d in range(a.ndim) if a.shape[d] % 8 == 0] if a.ndim >= 2 else []
-    spec = P(*[("d" if d == dims[0] else None) for d in range(a.ndim)]) if dims else P()
-    return jax.device_put(a, NamedSharding(mesh, spec))
-  return put
+from _common import fsdp_spec
 
 def shard(args, mesh):
   *state, x, y = args
   batch = NamedSharding(mesh, P("d"))
-  return (*jax.tree.map(fsdp(mesh), tuple(state)), jax.device_put(x, batch),
-          jax.device_put(y, batch))
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, fsdp_spec(a, 8, "d")))
+  return (*jax.tree.map(put, tuple(state)), jax.device_put(x, batch), jax.device_put(y, batch))
 """
 
 
@@ -127,23 +122,7 @@ print(json.dumps(report(jaxmem.fit(0.55, planner="layrub", copies="async")(step)
 _TP = """
 import transformer
 mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-
-def tp(path, a):
-  k = jax.tree_util.keystr(path)
-  stacked = "DecoderBlocks" in k
-  ndim = a.ndim - stacked
-  spec = P()
-  if any(f"['{n}']" in k for n in ("query", "key", "value")):
-    spec = P(None, "model", None) if ndim == 3 else P("model", None)
-  elif "['out']" in k and ndim == 3:
-    spec = P("model", None, None)
-  elif "Dense_0" in k and "Block" in k:
-    spec = P(None, "model") if ndim == 2 else P("model")
-  elif "Dense_1" in k and "Block" in k and ndim == 2:
-    spec = P("model", None)
-  if stacked and spec != P():
-    spec = P(None, *spec)
-  return jax.device_put(a, NamedSharding(mesh, spec))
+tp = lambda path, a: jax.device_put(a, NamedSharding(mesh, transformer.tensor_parallel_spec(path, a)))
 """
 
 

@@ -203,6 +203,13 @@ def _offload(rx: int, mesh: Any, words: tuple[int, ...], key: int) -> Any:
   return op
 
 
+def _fetching(op: Any, key: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
+  """The offloaded value's sharding (recorded by its offload) and ``op`` for one shard of it."""
+  x_sharding = _take(key)
+  local = tuple(x_sharding.shard_shape(shape))
+  return x_sharding, functools.partial(op, shape=local, dtype=dtype)
+
+
 def _fetch(rd: int, mesh: Any, key: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
   def whole(handle, dep):
     return native.fetch(handle[:2], dep, shape=shape, dtype=dtype)
@@ -210,11 +217,8 @@ def _fetch(rd: int, mesh: Any, key: int, shape: tuple[int, ...], dtype: np.dtype
   op = custom_partitioning(whole)
 
   def partition(_mesh, arg_shapes, result_shape):
-    _, ds = arg_shapes
-    x_sharding = _take(key)
-    local = tuple(x_sharding.shard_shape(shape))
-    lower = functools.partial(native.fetch, shape=local, dtype=dtype)
-    return _mesh, lower, x_sharding, (_words_sharding(mesh), ds.sharding)
+    x_sharding, lower = _fetching(native.fetch, key, shape, dtype)
+    return _mesh, lower, x_sharding, (_words_sharding(mesh), arg_shapes[1].sharding)
 
   op.def_partition(partition, sharding_rule=_rule((1, rd), (len(shape),)))
   return op
@@ -260,12 +264,9 @@ def _fetch_start(rd: int, mesh: Any, words: tuple[int, ...], key: int, shape: tu
   op = custom_partitioning(whole)
 
   def partition(_mesh, arg_shapes, result_shape):
-    _, ds = arg_shapes
-    x_sharding = _take(key)
-    local = tuple(x_sharding.shard_shape(shape))
-    lower = functools.partial(native.fetch_start, shape=local, dtype=dtype)
+    x_sharding, lower = _fetching(native.fetch_start, key, shape, dtype)
     w = _words_sharding(mesh)
-    return _mesh, lower, (x_sharding, w), (w, ds.sharding)
+    return _mesh, lower, (x_sharding, w), (w, arg_shapes[1].sharding)
 
   op.def_partition(partition, sharding_rule=_rule((1, rd), (len(shape), 1)))
   return op
