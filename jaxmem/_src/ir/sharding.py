@@ -373,6 +373,18 @@ def _cond(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
   return [min(rs, key=math.prod) for rs in zip(*results)]
 
 
+def _call(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
+  # A nested call (the top level is inlined when traced, bodies of scans and
+  # conds are not): its results are split as its body computes them.
+  body = _compat.body_of(eqn)
+  if body is None or len(body.jaxpr.invars) != len(ins):
+    return [_ones(v.aval) for v in eqn.outvars]
+  return propagate_jaxpr(body.jaxpr, ins, n)
+
+
+_RULES.update({name: _call for name in _compat.INLINE_BODIES})
+
+
 @_rule("checkpoint", "remat", "remat2")
 def _checkpoint(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
   body = _compat.remat_body(eqn)
