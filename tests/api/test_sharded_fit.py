@@ -217,3 +217,37 @@ except jaxmem.BudgetError as e:
   # FSDP: every kernel is gathered whole for its matmuls, by XLA, not by a jaxpr value.
   assert "8-device mesh XLA's collectives" in out["message"]
   assert "all-gather f32[512,512]" in out["message"], out["message"]
+
+
+def test_with_sharding_constraint_tensor_parallel_step_fits_bit_identical():
+  # Tensor parallelism written as constraints on the activations (the batch
+  # over "data", the hidden units over "model"); the partitioner splits the
+  # weights' uses to match. The estimate follows the constraints backwards to
+  # the values they constrain (`ir/sharding.py`).
+  out = _run("""
+mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+hidden, rows = NamedSharding(mesh, P("data", "model")), NamedSharding(mesh, P("data", None))
+
+def step(ws, x):
+  def loss(ws):
+    h = x
+    for w1, w2 in ws:
+      a = jax.lax.with_sharding_constraint(jnp.tanh(h @ w1), hidden)
+      h = jax.lax.with_sharding_constraint(jnp.tanh(a @ w2), rows)
+    return jnp.sum(h * h)
+  return jax.tree.map(lambda a, b: a - 0.01 * b, ws, jax.grad(loss)(ws))
+
+k = jax.random.PRNGKey(0)
+ws = [(jax.random.normal(k, (256, 1024)) * 0.05, jax.random.normal(k, (1024, 256)) * 0.05)
+      for _ in range(6)]
+x = jax.device_put(jax.random.normal(k, (4096, 256)), rows)
+prog = jaxmem.analyze(step, ws, x)
+r = report(jaxmem.fit(0.5)(step), (ws, x))
+# Each [4096, 1024] hidden activation is an eighth of itself on a device.
+r["hidden"] = sorted({(v.nbytes, v.global_nbytes) for v in prog.vars
+                      if v.shape == (4096, 1024) and v.role.value == "activation"})
+print(json.dumps(r))
+""")
+  assert out["peak"] <= out["budget"] < out["unplanned"], out
+  assert all(out["same"]), out
+  assert [4096 * 1024 * 4 // 8, 4096 * 1024 * 4] in out["hidden"], out["hidden"]

@@ -571,7 +571,49 @@ def device_layout(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike]
   free_to_split = [g and not (vid in results and not c)
                    for vid, (g, c) in enumerate(zip(guess, const_like))]
   _shard_free_values_like_users(avals, ops, const_like, free_to_split, counts)
+  _split_producers_like_constraints(avals, ops, free_to_split, counts)
   return DeviceLayout(n, tuple(counts), mesh)
+
+
+def _split_producers_like_constraints(avals: Sequence[_compat.AbstractValue],
+                                      ops: Sequence[_OpLike], free_to_split: list[bool],
+                                      counts: list[Counts]) -> None:
+  """A value read only by a sharding constraint is computed in the constraint's split.
+
+  The partitioner propagates a ``with_sharding_constraint`` backwards: the
+  value it constrains, and the elementwise chain that makes it, are computed
+  split as asked rather than computed less split and resharded. Only a
+  value whose one reader is the constraint (or such a chain) is refined,
+  and only to a split its own refines (every dimension's count divides the
+  constraint's). Measured: a tensor-parallel MLP written with constraints
+  on its hidden activations was estimated at 3.1x its compiled peak without this.
+  """
+  users: dict[int, int] = {}
+  for op in ops:
+    for x in set(op.input_ids()):
+      users[x] = users.get(x, 0) + 1
+  refined: set[int] = set()
+
+  def refine(x: int, c: Counts, constrained: bool = False) -> None:
+    # The constrained value itself follows its constraint whatever else reads
+    # it (its other readers get it in that split); a producer up the chain
+    # only when nothing else reads it.
+    have = counts[x]
+    if (not free_to_split[x] or (users.get(x, 0) != 1 and not constrained) or len(have) != len(c)
+        or math.prod(c) <= math.prod(have) or any(b % a for a, b in zip(have, c))):
+      return
+    counts[x] = c
+    refined.add(x)
+
+  for op in reversed(ops):
+    if op.primitive in ("sharding_constraint", "reshard", "mesh_cast"):
+      for x, o in zip(op.input_ids(), op.outputs):
+        refine(x, counts[o], constrained=True)
+    elif primitives.facts(op.primitive).elementwise and any(o in refined for o in op.outputs):
+      c, shape = counts[op.outputs[0]], _shape(avals[op.outputs[0]])
+      for x in op.input_ids():
+        if _shape(avals[x]) == shape:
+          refine(x, c)
 
 
 def _shard_free_values_like_users(avals: Sequence[_compat.AbstractValue], ops: Sequence[_OpLike],

@@ -68,6 +68,7 @@ def schedule_function(schedule: Schedule,
       return [_compat.sharding_group(o, groups.setdefault(var, _compat.new_sharding_group()))
               if var is not None and np.ndim(o) else o
               for o, var in ((o, schedule.value_var[v]) for o, v in zip(outs, ids))]
+
     for step in schedule.steps:
       ins = [read(x) for x in step.inputs]
       if step.literal_dep is not None:
