@@ -92,14 +92,13 @@ class PerDevice:
   def __init__(self, mesh: jax.sharding.Mesh):
     self.mesh = mesh
     self.words = (2 * int(mesh.size),)     # one uint32[2] per device
-    self.word_spec = PartitionSpec(tuple(mesh.axis_names))
+    self.word_spec = _words_sharding(mesh).spec
     self.typed_specs: dict[int, PartitionSpec] = {}   # explicit axes: key -> offloaded spec
     assert HANDLE_SHAPE == (2,)
 
   def _typed(self, op: Any, args: tuple[Any, ...], out_specs: Any) -> Any:
     """``op`` in ``jax.shard_map`` with the operands' typed specs (literals whole)."""
-    in_specs = tuple(PartitionSpec() if isinstance(a, np.ndarray | np.generic)
-                     else _compat.typed_spec(a) for a in args)
+    in_specs = tuple(self._spec(a) or PartitionSpec() for a in args)
     return jax.shard_map(op, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
                          check_vma=False)(*args)
 
@@ -126,8 +125,7 @@ class PerDevice:
             dtype: Any) -> jax.Array:
     if key in self.typed_specs:
       spec = self.typed_specs[key]
-      local = NamedSharding(self.mesh, spec).shard_shape(tuple(shape))
-      op = functools.partial(native.fetch, shape=local, dtype=dtype)
+      op = _on_shard(native.fetch, NamedSharding(self.mesh, spec), shape, dtype)
       return self._typed(op, (handle, dep), spec)
     return _fetch(np.ndim(dep), self.mesh, key, tuple(shape), np.dtype(dtype))(handle, dep)
 
@@ -149,8 +147,7 @@ class PerDevice:
                   dtype: Any) -> tuple[jax.Array, jax.Array]:
     if key in self.typed_specs:
       spec = self.typed_specs[key]
-      local = NamedSharding(self.mesh, spec).shard_shape(tuple(shape))
-      op = functools.partial(native.fetch_start, shape=local, dtype=dtype)
+      op = _on_shard(native.fetch_start, NamedSharding(self.mesh, spec), shape, dtype)
       return self._typed(op, (handle, dep), (spec, self.word_spec))
     return _fetch_start(np.ndim(dep), self.mesh, self.words, key, tuple(shape),
                         np.dtype(dtype))(handle, dep)
@@ -167,7 +164,7 @@ def _record(key: int, sharding: Any) -> None:
     _recorded[key] = sharding
 
 
-def _take(key: int) -> Any:
+def _offloaded_sharding(key: int) -> Any:
   with _lock:
     if key not in _recorded:
       raise RuntimeError(
@@ -203,11 +200,9 @@ def _offload(rx: int, mesh: Any, words: tuple[int, ...], key: int) -> Any:
   return op
 
 
-def _fetching(op: Any, key: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, Any]:
-  """The offloaded value's sharding (recorded by its offload) and ``op`` for one shard of it."""
-  x_sharding = _take(key)
-  local = tuple(x_sharding.shard_shape(shape))
-  return x_sharding, functools.partial(op, shape=local, dtype=dtype)
+def _on_shard(op: Any, sharding: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+  """A fetch ``op`` for one device's shard of a ``shape`` value split by ``sharding``."""
+  return functools.partial(op, shape=tuple(sharding.shard_shape(tuple(shape))), dtype=dtype)
 
 
 def _fetch(rd: int, mesh: Any, key: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
@@ -217,7 +212,8 @@ def _fetch(rd: int, mesh: Any, key: int, shape: tuple[int, ...], dtype: np.dtype
   op = custom_partitioning(whole)
 
   def partition(_mesh, arg_shapes, result_shape):
-    x_sharding, lower = _fetching(native.fetch, key, shape, dtype)
+    x_sharding = _offloaded_sharding(key)
+    lower = _on_shard(native.fetch, x_sharding, shape, dtype)
     return _mesh, lower, x_sharding, (_words_sharding(mesh), arg_shapes[1].sharding)
 
   op.def_partition(partition, sharding_rule=_rule((1, rd), (len(shape),)))
@@ -264,7 +260,8 @@ def _fetch_start(rd: int, mesh: Any, words: tuple[int, ...], key: int, shape: tu
   op = custom_partitioning(whole)
 
   def partition(_mesh, arg_shapes, result_shape):
-    x_sharding, lower = _fetching(native.fetch_start, key, shape, dtype)
+    x_sharding = _offloaded_sharding(key)
+    lower = _on_shard(native.fetch_start, x_sharding, shape, dtype)
     w = _words_sharding(mesh)
     return _mesh, lower, (x_sharding, w), (w, arg_shapes[1].sharding)
 
