@@ -22,7 +22,8 @@ from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.estimate.targets import Target, TargetLike, get_target
-from jaxmem._src.ir.scan_remat import with_scan_residuals_recomputed
+from jaxmem._src.ir.scan_remat import (MEMORY_KIND, NATIVE_STORE, RECOMPUTE, STAGE,
+                                       with_scan_residuals_recomputed)
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
 from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
 from jaxmem._src.plan.plan import Plan
@@ -61,7 +62,10 @@ class FitResult:
       (their stacked residuals recomputed per iteration in the backward scan,
       as ``nn.remat`` with ``dots_saveable`` or ``nothing_saveable`` would),
       either with ``", stacked in host memory"`` on an accelerator target
-      (what the recomputation reads copied to host one iteration at a time).
+      or ``", stacked in jaxmem's host store"`` with the ``ffi`` backend
+      (what the recomputation reads copied out of device memory one
+      iteration at a time), or ``"staged, stacked in ..."`` (the residuals
+      themselves copied out per iteration and back in the backward scan).
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -433,30 +437,44 @@ class Fitted:
     # everything from each iteration's inputs, as `nothing_saveable` does (by
     # hand on a v5e GPT of 12 scanned layers: 0.48 of its peak at 1.01x FLOPs
     # and 0.08 at 1.22x; bench/results/scan_planning.md).
-    # On an accelerator's compiler (the `xla` backend: XLA:CPU erases memory
-    # kinds) the stacks that recomputation reads can live in host memory too,
-    # one slice copied per iteration: nnx_mlp's 12 scanned layers on a v5e
-    # floor at 0.73 of their peak with recomputation alone, the carries
-    # stacked (bench/results/nnx_scan.md).
-    rewrites = [(True, False), (False, False)]
+    # Then what recomputation reads, or the residuals themselves, can leave
+    # device memory one slice per iteration: nnx_mlp's 12 scanned layers
+    # floor at 0.73 of their peak on a v5e with recomputation alone, the
+    # carries stacked (bench/results/nnx_scan.md). On an accelerator's
+    # compiler (the `xla` backend) the slices go to host memory kinds
+    # (XLA:CPU erases them); with the `ffi` backend to our host store, one
+    # offload and one fetch per iteration (not yet under a mesh: those ops
+    # would need the per-device wrapping of `lower/per_device.py` inside a
+    # scan body).
+    rewrites = [(True, "", RECOMPUTE), (False, "", RECOMPUTE)]
+    out_of_device = ""
     if self.backend == "xla" and target.platform != "cpu":
-      rewrites += [(True, True), (False, True)]
-    for save_dots, offload in rewrites if _stacking_scans(program) else ():
+      out_of_device = MEMORY_KIND
+    elif self.backend == "ffi" and program.num_devices == 1:
+      out_of_device = NATIVE_STORE
+    if out_of_device:
+      rewrites += [(True, out_of_device, RECOMPUTE), (False, out_of_device, STAGE),
+                   (False, out_of_device, RECOMPUTE)]
+    for save_dots, offload, residuals in rewrites if _stacking_scans(program) else ():
       if found is not None:
         break
       rewritten = analyze_step(
-          with_scan_residuals_recomputed(inner, save_dots=save_dots, offload=offload), dyn,
+          with_scan_residuals_recomputed(inner, save_dots=save_dots, offload=offload,
+                                         residuals=residuals), dyn,
           donate_argnums=donate, arg_names=names, target=target)
-      # The estimate counts host-memory stacks as device bytes: an offloading
+      # The estimate counts staged slices as device bytes: an offloading
       # rewrite is judged by its compiled peak only.
       if offload or rewritten.peak_bytes < program.peak_bytes:
-        how = ", matmul outputs kept" if save_dots else ""
-        how += ", stacked in host memory" if offload else ""
-        self._log(f"planning the step with its scans' residuals recomputed per iteration{how} "
+        how = "staged" if residuals == STAGE else "recomputed"
+        how += ", matmul outputs kept" if save_dots else ""
+        if offload:
+          how += (", stacked in host memory" if offload == MEMORY_KIND
+                  else ", stacked in jaxmem's host store")
+        self._log(f"planning the step with its scans' residuals {how} per iteration "
                   f"(estimate {format_bytes(unplanned_program.peak_bytes)} -> "
                   f"{format_bytes(rewritten.peak_bytes)})")
         program = rewritten
-        scans = "recomputed" + how
+        scans = how
         found = search(budget)
     if found is None:
       # The smallest peak reported is one that asking for it reaches: the

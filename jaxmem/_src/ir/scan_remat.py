@@ -20,10 +20,27 @@ the forward body's own, on the same values, so outputs and gradients are
 unchanged.
 
 ``jaxmem.fit`` tries the rewrites in turn when the step as written does not
-fit (``FitResult.scans`` says which one it planned). Still whole-step
-choices: which residuals of one scan to keep, recompute or stage to host is
-not chosen per residual, and the host copies are scheduled by XLA's
-host-offload pass, not a window of iterations ahead by jaxmem.
+fit (``FitResult.scans`` says which one it planned).
+
+Each residual of a pair may instead be *staged* (:meth:`ScanPair.with_choices`):
+the forward body copies its iteration's slice out of device memory and the
+backward body copies it back, the per-layer offload of vDNN (Rhu et al.,
+*vDNN: Virtualized Deep Neural Networks for Scalable, Memory-Efficient Neural
+Network Design*, §3.2) with a scan iteration as the layer. Where the slices go
+is :attr:`ScanPair.offload`: host memory kinds (``jax.device_put`` to
+``jax.memory.Space.Host``, which XLA:TPU and XLA:GPU honour and XLA:CPU
+erases) or jaxmem's native host store (our ``offload``/``fetch`` FFI calls,
+one per iteration, which any backend with our handlers runs; the forward scan
+then stacks ``uint32[2]`` handles, not data).
+
+Departures from the papers: the copies are synchronous within their
+iteration (vDNN overlaps each layer's offload with its computation, and
+Hayakawa et al.'s window prefetches a window of layers ahead); in a ``while``
+loop a buffer an asynchronous copy writes into may be copied by XLA between
+iterations, so jaxmem does not carry one across iterations. Nested scans are
+left as they are (only the top-level pairs are rewritten), and so is a body
+the user wrapped in ``jax.checkpoint``: its residuals are already what its
+policy saves.
 """
 
 from __future__ import annotations
@@ -37,6 +54,12 @@ from typing import Any
 import jax
 
 from jaxmem._src import _compat
+from jaxmem._src.native import ops as native
+
+#: What :class:`ScanPair` may do with each residual stack.
+RECOMPUTE, STAGE, KEEP = "recompute", "stage", "keep"
+#: Where :attr:`ScanPair.offload` puts the slices it copies out of device memory.
+MEMORY_KIND, NATIVE_STORE = "memory_kind", "native"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,36 +70,80 @@ class ScanPair:
     forward: index of the forward ``scan`` equation in the jaxpr.
     backward: index of the ``scan`` that reads the residuals.
     residuals: indexes, among the forward scan's ``ys``, of the stacks that
-      only the backward scan reads (as ``xs``): what can be recomputed.
+      only the backward scan reads (as ``xs``): what the rewrite may change.
+    choices: per residual (same order), :data:`RECOMPUTE` (in the backward
+      body, from what the forward body read), :data:`STAGE` (each slice copied
+      out of device memory in the forward body and back in the backward body,
+      to where ``offload`` says) or :data:`KEEP` (stacked as before). Empty:
+      every residual recomputed.
     save_dots: the forward scan also stacks the outputs of the body's
       matmuls (``dot_general``) that the recomputation needs, which then
       recomputes only the rest from them, as
       ``jax.checkpoint_policies.dots_saveable`` does; else the recomputation
       starts from the body's inputs, as ``nothing_saveable`` does.
-    offload: the stacks the rewrite adds (the carries the recomputation
-      starts from, and the matmul outputs with ``save_dots``) live in host
-      memory: each iteration's slice is ``jax.device_put`` to
-      ``jax.memory.Space.Host`` in the forward body and back to the device in
-      the backward body, as ``save_and_offload_only_these_names`` does for a
-      remat-ed scan body. XLA:TPU (and XLA:GPU) then keeps the whole stack on
-      the host and copies one slice per iteration; XLA:CPU erases memory
-      kinds. (Layrub, §3, and the window-based scheduling of Hayakawa et
-      al. move per-layer data a layer ahead; here XLA's host-offload pass
-      schedules the per-iteration copies.)
+    offload: ``""`` (nothing leaves device memory), :data:`MEMORY_KIND` or
+      :data:`NATIVE_STORE`: the staged residuals and the stacks the rewrite
+      adds (the carries the recomputation starts from, and the matmul
+      outputs with ``save_dots``) leave device memory one slice per
+      iteration. With :data:`MEMORY_KIND` each slice is ``jax.device_put``
+      to ``jax.memory.Space.Host`` in the forward body and back to the
+      device in the backward body, as ``save_and_offload_only_these_names``
+      does for a remat-ed scan body: XLA:TPU (and XLA:GPU) keeps the whole
+      stack on the host, XLA:CPU erases memory kinds. With
+      :data:`NATIVE_STORE` each slice goes to jaxmem's host store (the
+      ``offload`` and ``fetch`` FFI calls): what the forward scan stacks is
+      a handle per iteration. (Layrub, §3, and the window-based scheduling
+      of Hayakawa et al. move per-layer data a layer ahead; here each copy
+      runs in its own iteration.)
   """
   forward: int
   backward: int
   residuals: tuple[int, ...]
   save_dots: bool = False
-  offload: bool = False
+  offload: str = ""
+  choices: tuple[str, ...] = ()
+
+  def __post_init__(self) -> None:
+    if self.offload not in ("", MEMORY_KIND, NATIVE_STORE):
+      raise ValueError(f"`ScanPair.offload` must be '', {MEMORY_KIND!r} or {NATIVE_STORE!r}; "
+                       f"got {self.offload!r}.")
+    if self.choices and len(self.choices) != len(self.residuals):
+      raise ValueError(f"`ScanPair.choices` needs one choice per residual ({len(self.residuals)});"
+                       f" got {len(self.choices)}.")
+    if bad := set(self.choices) - {RECOMPUTE, STAGE, KEEP}:
+      raise ValueError(f"`ScanPair.choices`: unknown {sorted(bad)}; each is {RECOMPUTE!r}, "
+                       f"{STAGE!r} or {KEEP!r}.")
+    if STAGE in self.choices and not self.offload:
+      raise ValueError("`ScanPair.choices` stages residuals but `offload` says nowhere: pass "
+                       f"offload={MEMORY_KIND!r} (accelerators) or {NATIVE_STORE!r} (our host "
+                       "store).")
+
+  def _with(self, choice: str) -> tuple[int, ...]:
+    choices = self.choices or (RECOMPUTE,) * len(self.residuals)
+    return tuple(j for j, c in zip(self.residuals, choices) if c == choice)
+
+  @property
+  def recomputed(self) -> tuple[int, ...]:
+    """The residuals the backward body recomputes."""
+    return self._with(RECOMPUTE)
+
+  @property
+  def staged(self) -> tuple[int, ...]:
+    """The residuals copied out of device memory per iteration and back."""
+    return self._with(STAGE)
 
   def saving_dots(self) -> ScanPair:
     """This pair with ``save_dots``: the matmul outputs stacked, the rest recomputed."""
     return dataclasses.replace(self, save_dots=True)
 
-  def offloading(self) -> ScanPair:
-    """This pair with ``offload``: the stacks the recomputation reads kept in host memory."""
-    return dataclasses.replace(self, offload=True)
+  def offloading(self, to: str = MEMORY_KIND) -> ScanPair:
+    """This pair with ``offload``: the stacks the recomputation reads kept out of device memory."""
+    return dataclasses.replace(self, offload=to)
+
+  def with_choices(self, choice: str | Sequence[str]) -> ScanPair:
+    """This pair with one choice for every residual, or one per residual."""
+    choices = (choice,) * len(self.residuals) if isinstance(choice, str) else tuple(choice)
+    return dataclasses.replace(self, choices=choices)
 
 
 def _to_host(x: Any) -> Any:
@@ -85,6 +152,19 @@ def _to_host(x: Any) -> Any:
 
 def _to_device(x: Any) -> Any:
   return jax.device_put(x, jax.memory.Space.Device)
+
+
+def _put(where: str) -> Callable[[Any], Any]:
+  """How an iteration's slice leaves device memory in the forward body."""
+  return native.offload if where == NATIVE_STORE else _to_host
+
+
+def _get(where: str, x: Any, aval: Any) -> Any:
+  """How the backward body gets back a slice :func:`_put` sent ``where``."""
+  if where == NATIVE_STORE:
+    # The fetch runs in its own iteration: its handle is its only dependency.
+    return native.fetch(x, x, shape=aval.shape, dtype=aval.dtype)
+  return _to_device(x)
 
 
 def scan_pairs(jaxpr: _compat.Jaxpr) -> list[ScanPair]:
@@ -135,9 +215,10 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
 
   Args:
     closed: a differentiated step's jaxpr (``jax.make_jaxpr`` of a train step).
-    pairs: which residuals to recompute (default: every pair of
-      :func:`scan_pairs`, all of its residuals). A pair with no residuals is
-      left as it is; with none at all, ``closed`` itself is returned.
+    pairs: which residuals to recompute or stage (default: every pair of
+      :func:`scan_pairs`, all of its residuals recomputed). A pair that
+      changes no residual is left as it is; with none at all, ``closed``
+      itself is returned.
 
   Returns:
     A jaxpr with the same inputs and outputs, whose forward scans stack
@@ -158,7 +239,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
   jaxpr = closed.jaxpr
   if pairs is None:
     pairs = scan_pairs(jaxpr)
-  pairs = [p for p in pairs if p.residuals]
+  pairs = [p for p in pairs if p.recomputed or p.staged]
   if not pairs:
     return closed
   forward = {p.forward: p for p in pairs}
@@ -188,7 +269,7 @@ def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
         plan = plans[i]
         outs, stacked_carry[i], stacked_dots[i] = plan.bind_forward(eqn, invals)
         kept = [v for j, v in enumerate(eqn.outvars)
-                if j < plan.num_carry or j - plan.num_carry not in plan.pair.residuals]
+                if j < plan.num_carry or j - plan.num_carry not in plan.pair.recomputed]
         for v, x in zip(kept, outs):
           if not isinstance(v, _compat.DropVar):
             env[v] = x
@@ -239,7 +320,7 @@ class _PairPlan:
     closed_body = _inlined(eqn.params["jaxpr"])
     body = closed_body.jaxpr
     num_ys = len(body.outvars) - num_carry
-    used = [False] * num_carry + [j in pair.residuals for j in range(num_ys)]
+    used = [False] * num_carry + [j in pair.recomputed for j in range(num_ys)]
     saved_vars: tuple[Any, ...] = ()
     cut_body = body
     if pair.save_dots:
@@ -258,7 +339,8 @@ class _PairPlan:
       if num_consts <= k < num_consts + num_carry:
         src = body.invars[k]
         carry_stack[k] = next((j for j, o in enumerate(body.outvars[num_carry:])
-                               if o is src and j not in pair.residuals
+                               if o is src and j not in pair.recomputed
+                               and j not in pair.staged
                                and not isinstance(eqn.outvars[num_carry + j], _compat.DropVar)),
                               None)
     if len(cut.constvars) != len(body.constvars):
@@ -272,19 +354,22 @@ class _PairPlan:
     body = self.body
     num_carry = self.num_carry
     num_outs = len(body.jaxpr.outvars)
-    keep = [j for j in range(num_outs - num_carry) if j not in self.pair.residuals]
+    keep = [j for j in range(num_outs - num_carry) if j not in self.pair.recomputed]
+    staged = set(self.pair.staged)
     stacking = body.jaxpr.replace(outvars=[*body.jaxpr.outvars, *self.saved_vars])
 
-    stack = _to_host if self.pair.offload else (lambda x: x)
+    stack = _put(self.pair.offload) if self.pair.offload else (lambda x: x)
 
     def new_body(*args: Any) -> list[Any]:
       outs = _compat.eval_jaxpr(stacking, body.consts, *args)
-      return (outs[:num_carry] + [outs[num_carry + j] for j in keep]
+      return (outs[:num_carry]
+              + [stack(outs[num_carry + j]) if j in staged else outs[num_carry + j] for j in keep]
               + [stack(args[k]) for k in self.new_carry_stacks]
               + [stack(o) for o in outs[num_outs:]])
 
     new = _compat.make_jaxpr(new_body, *_abstract(body.jaxpr.invars))
-    outs = list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
+    with _compat.eqn_context(eqn):   # reports name the user's scan, not this module
+      outs = list(eqn.primitive.bind(*invals, **{**eqn.params, "jaxpr": new}))
     n_main, n_new = num_carry + len(keep), len(self.new_carry_stacks)
     return outs[:n_main], outs[n_main:n_main + n_new], outs[n_main + n_new:]
 
@@ -294,19 +379,28 @@ class _PairPlan:
     """The backward scan, recomputing the residuals from the forward body's inputs."""
     body = eqn.params["jaxpr"]
     g_consts, g_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
-    residual_vars = [f_eqn.outvars[self.num_carry + j] for j in self.pair.residuals]
-    # Where each residual sits among the backward scan's operands.
+    where = self.pair.offload
+    recomputed = self.pair.recomputed
+    residual_vars = [f_eqn.outvars[self.num_carry + j] for j in recomputed]
+    # Where each recomputed residual sits among the backward scan's operands.
     residual_pos = {pos: residual_vars.index(v) for pos, v in enumerate(eqn.invars)
                     if pos >= g_consts + g_carry and v in residual_vars}
+    # Where each staged residual does (its operand is now what `_put` gave),
+    # and the aval of its slice.
+    staged_vars = {f_eqn.outvars[self.num_carry + j]:
+                   self.body.jaxpr.outvars[self.num_carry + j].aval for j in self.pair.staged}
+    staged_pos = {pos: v for pos, v in enumerate(eqn.invars)
+                  if pos >= g_consts + g_carry and v in staged_vars}
     # The slice's inputs: loop invariants become consts, per-iteration values xs.
     num_inputs = len(self.body.jaxpr.invars)
     extra_consts, extra_xs, source = [], [], []
-    on_host: set[int] = set()   # extra_xs the rewrite stacked in host memory (`offload`)
+    # extra_xs the rewrite stacked out of device memory (`offload`): the aval of a slice.
+    on_host: dict[int, Any] = {}
     for k in self.needed:
       if k >= num_inputs:
         source.append(("xs", len(extra_xs)))
-        if self.pair.offload:
-          on_host.add(len(extra_xs))
+        if where:
+          on_host[len(extra_xs)] = self.saved_vars[k - num_inputs].aval
         extra_xs.append(saved_stacks[k - num_inputs])
       elif k < self.num_consts:
         source.append(("const", len(extra_consts)))
@@ -316,8 +410,8 @@ class _PairPlan:
         stack = (f_outvals[self.num_carry + j] if j is not None
                  else new_stacks[self.new_carry_stacks.index(k)])
         source.append(("xs", len(extra_xs)))
-        if j is None and self.pair.offload:
-          on_host.add(len(extra_xs))
+        if j is None and where:
+          on_host[len(extra_xs)] = self.body.jaxpr.invars[k].aval
         extra_xs.append(stack)
       else:
         source.append(("xs", len(extra_xs)))
@@ -332,12 +426,24 @@ class _PairPlan:
       carry = list(rest[:g_carry])
       xs = list(rest[g_carry:g_carry + n_kept])
       ex = list(rest[g_carry + n_kept:])
-      slice_in = [ec[i] if kind == "const" else _to_device(ex[i]) if i in on_host else ex[i]
-                  for kind, i in source]
-      recomputed = _compat.eval_jaxpr(self.slice_jaxpr, self.body.consts, *slice_in)
-      full_xs, it = [], iter(xs)
+      fetched = {i: _get(where, ex[i], aval) for i, aval in on_host.items()}
+      slice_in = [ec[i] if kind == "const" else fetched.get(i, ex[i]) for kind, i in source]
+      values = _compat.eval_jaxpr(self.slice_jaxpr, self.body.consts, *slice_in)
+      # A staged stack read at several positions is fetched once (the
+      # native store's fetch erases what it returns).
+      got: dict[Any, Any] = {}
+      full_xs, it = [], iter(zip(kept_xs, xs))
       for pos in range(g_consts + g_carry, len(invals)):
-        full_xs.append(recomputed[residual_pos[pos]] if pos in residual_pos else next(it))
+        if pos in residual_pos:
+          full_xs.append(values[residual_pos[pos]])
+          continue
+        kpos, x = next(it)
+        if kpos in staged_pos:
+          v = staged_pos[kpos]
+          if v not in got:
+            got[v] = _get(where, x, staged_vars[v])
+          x = got[v]
+        full_xs.append(x)
       return _compat.eval_jaxpr(body.jaxpr, body.consts, *consts, *carry, *full_xs)
 
     def sds(x: Any, sliced: bool) -> Any:
@@ -350,7 +456,8 @@ class _PairPlan:
              + [sds(x, True) for x in [invals[p] for p in kept_xs] + extra_xs])
     new = _compat.make_jaxpr(new_body, *avals)
     params = {**eqn.params, "jaxpr": new, "num_consts": g_consts + len(extra_consts)}
-    return list(eqn.primitive.bind(*operands, **params))
+    with _compat.eqn_context(eqn):
+      return list(eqn.primitive.bind(*operands, **params))
 
 
 def _inlined(closed: _compat.ClosedJaxpr) -> _compat.ClosedJaxpr:
@@ -378,13 +485,19 @@ def _abstract(invars: Sequence[_compat.Var]) -> list[jax.ShapeDtypeStruct]:
 
 
 def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool = False,
-                                  offload: bool = False) -> Callable[..., Any]:
-  """``fun`` whose differentiated scans recompute their stacked residuals per iteration.
+                                  offload: bool | str = False,
+                                  residuals: str = RECOMPUTE) -> Callable[..., Any]:
+  """``fun`` whose differentiated scans recompute (or stage) their stacked residuals per iteration.
 
   ``save_dots``: the scans stack their matmul outputs and recompute the rest
   (``ScanPair.save_dots``), else recompute from each iteration's inputs.
-  ``offload``: what the recomputation reads is stacked in host memory
-  (``ScanPair.offload``; an accelerator's compiler only).
+  ``offload``: what the recomputation reads (and the staged residuals) leave
+  device memory, one slice per iteration (``ScanPair.offload``): ``True`` or
+  :data:`MEMORY_KIND` for host memory kinds (an accelerator's compiler only),
+  :data:`NATIVE_STORE` for jaxmem's host store (where our FFI handlers are
+  registered: the CPU, CUDA builds). ``residuals``: :data:`RECOMPUTE`, or
+  :data:`STAGE` to copy every residual out of device memory as it is
+  (``offload`` must say where) instead of recomputing it.
 
   The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
   with :func:`recompute_scan_residuals` and evaluates the result, so it can
@@ -415,7 +528,9 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
     if save_dots:
       pairs = [p.saving_dots() for p in pairs]
     if offload:
-      pairs = [p.offloading() for p in pairs]
+      pairs = [p.offloading(MEMORY_KIND if offload is True else offload) for p in pairs]
+    if residuals != RECOMPUTE:
+      pairs = [p.with_choices(residuals) for p in pairs]
     rewritten = recompute_scan_residuals(closed, pairs)
     outs = _compat.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *leaves)
     return jax.tree_util.tree_unflatten(out_trees[0], outs)
