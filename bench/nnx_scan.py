@@ -14,7 +14,10 @@ is run and compared with ``jax.jit``'s results; on a TPU v5e compiled ahead of
 time (shape-only arguments, the ``xla`` backend) at a size whose unplanned
 peak is over 1 GiB. ``fit`` rewrites a scan to recompute its residuals per
 iteration (``jaxmem/_src/ir/scan_remat.py``); what stays is each iteration's
-carry, stacked over the layers, as with ``nothing_saveable`` by hand.
+carry, stacked over the layers, as with ``nothing_saveable`` by hand. When
+that is not enough, the stacks leave device memory one slice per iteration:
+to host memory kinds on the TPU, to jaxmem's host store (our FFI ops) on the
+CPU.
 
 Run: ``python bench/nnx_scan.py [--render]``; writes ``bench/results/nnx_scan.{json,md}``
 (``--render``: the tables again from the JSON).
