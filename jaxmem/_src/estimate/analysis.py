@@ -120,7 +120,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       transient=[m.transient for m in memory],
       hoisted=[m.hoisted for m in memory],
       start=list(starts), end=list(ends),
-      nbytes=[v.nbytes for v in program.vars],
+      nbytes=[program.stored_bytes(v.id) for v in program.vars],
       materialized=frozenset(v.id for v in program.vars if v.is_input or v.is_output),
       hoist_to_start=hoisted,
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]

@@ -8,8 +8,10 @@ the roles of values kept for the backward pass) returns a new value.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -189,23 +191,61 @@ class Program:
     """Ids of the values the step returns (literal results have none)."""
     return frozenset(x for x in self.outvars if isinstance(x, int))
 
+  @functools.cached_property
+  def donation_aliases(self) -> Mapping[int, int]:
+    """``{output id: donated argument id}``: the results XLA writes into a donated argument's buffer.
+
+    jax pairs them as ``jax.jit`` does (``pxla._set_up_aliases``): each result,
+    in order, takes the first unpaired donated argument of the same shape and
+    dtype. ``memory_analysis()`` counts such a pair once (``- alias``), so the
+    estimate does too: the argument's buffer is held for the whole step and
+    the result adds nothing of its own (:meth:`interval`,
+    :meth:`stored_bytes`).
+    """
+    free: dict[tuple[Any, Any], collections.deque[int]] = collections.defaultdict(
+        collections.deque)
+    for vid in self.invars:
+      if vid in self.donated:
+        aval = self.vars[vid].aval
+        free[(tuple(aval.shape), aval.dtype)].append(vid)
+    pairs: dict[int, int] = {}
+    for x in self.outvars:
+      if not isinstance(x, int) or x in pairs or self.vars[x].is_input:
+        continue
+      aval = self.vars[x].aval
+      queue = free.get((tuple(aval.shape), aval.dtype))
+      if queue:
+        pairs[x] = queue.popleft()
+    return pairs
+
+  def stored_bytes(self, vid: int) -> int:
+    """Bytes value ``vid`` adds to the peak: 0 for a result written into a donated argument."""
+    return 0 if vid in self.donation_aliases else self.vars[vid].nbytes
+
   def interval(self, vid: int) -> tuple[int, int]:
     """``[start, end]`` op positions where variable ``vid`` is live in the jaxpr.
 
     Position ``num_ops`` is the step's exit, where outputs and non-donated
     arguments are still held. Outputs are held from the start: the compiled
     peak we verify against (``memory_analysis()``: argument + output + temp -
-    alias) reserves the output buffers for the whole step.
+    alias) reserves the output buffers for the whole step. A donated argument
+    dies at its last use, unless a result is written into its buffer
+    (:attr:`donation_aliases`): that buffer is held to the exit.
     """
     v = self.vars[vid]
     end_of_program = self.num_ops
     if v.is_input:
-      if vid in self.donated and not v.is_output:
+      if vid in self.donated and not v.is_output and vid not in self.aliased_arguments:
         return 0, (v.uses[-1] if v.uses else 0)
       return 0, end_of_program
     if v.is_output:
       return 0, end_of_program
     return v.defined_by, (v.uses[-1] if v.uses else v.defined_by)
+
+  @functools.cached_property
+  def aliased_arguments(self) -> frozenset[int]:
+    """Ids of the donated arguments a result is written into (:attr:`donation_aliases`)."""
+    return frozenset(self.donation_aliases.values())
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(ops={self.num_ops}, vars={len(self.vars)})"

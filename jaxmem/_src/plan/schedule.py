@@ -196,7 +196,8 @@ class Schedule:
       hoisted.append(h)
       shared.append(reads)
     for vid in prog.invars:
-      if vid not in prog.donated or prog.vars[vid].is_output:
+      if (vid not in prog.donated or prog.vars[vid].is_output
+          or vid in prog.aliased_arguments):
         end[vid] = n
     for vid in prog.consts:
       end[vid] = n
@@ -214,7 +215,8 @@ class Schedule:
            for st in self.steps]
     fusing = prog.operand_fusions
     flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
-                          [self.value_bytes(v) for v in range(nvals)], materialized,
+                          [0 if v in outs and self.value_var[v] in prog.donation_aliases
+                           else self.value_bytes(v) for v in range(nvals)], materialized,
                           frozenset(hoist), shared, movable, cse,
                           xla_model.on_chip_bytes(prog),
                           [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps])

@@ -1,0 +1,59 @@
+"""A corpus of train steps jaxmem was not tuned to (issue 14).
+
+Each family module defines ``entries() -> list[Entry]``: hand-written train
+steps of one model family at several sizes, written the way their users write
+them (flax linen, flax nnx, plain JAX; optax updates), not shaped to what
+jaxmem models well. The corpus measures (``bench/corpus_bench.py``) and tests
+(``tests/api/test_corpus.py``); the examples in ``examples/`` stay for users.
+
+Rules for an entry: ``make()`` returns ``(step, args)``, ``step`` a pure
+function of ``args`` (concrete arrays, made from a fixed seed), returning
+its new state (and any metrics); it compiles on XLA:CPU in seconds and its
+unplanned compiled peak is between 4 and 200 MiB at every size listed.
+``donate``: the argument positions a training loop would donate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+#: The family modules, in the order the tables list them.
+FAMILIES = ("convnets", "generative", "sequences", "structured")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One train step of the corpus.
+
+  Attributes:
+    name: unique, ``"<family>/<variant>-<size>"``.
+    family: the model family (``"cnn"``, ``"unet"``, ``"rnn"``, ...).
+    make: builds ``(step, args)``.
+    donate: argument positions a training loop donates (``donate_argnums``).
+    notes: what the step exercises, in a few words.
+  """
+  name: str
+  family: str
+  make: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+  donate: tuple[int, ...] = ()
+  notes: str = ""
+
+
+def all_entries() -> list[Entry]:
+  """Every entry of every family module, in a fixed order."""
+  out: list[Entry] = []
+  for name in FAMILIES:
+    try:
+      module = importlib.import_module(f"corpus.{name}")
+    except ModuleNotFoundError as e:
+      if e.name != f"corpus.{name}":
+        raise
+      continue
+    out += module.entries()
+  names = [e.name for e in out]
+  if len(set(names)) != len(names):
+    raise ValueError(f"duplicate corpus entries: {sorted(n for n in names if names.count(n) > 1)}")
+  return out

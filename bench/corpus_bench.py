@@ -1,0 +1,256 @@
+"""jaxmem on the corpus of train steps it was not tuned to (``bench/corpus/``, issue 14).
+
+For every entry, on this machine's CPU (the ``ffi`` backend), side by side in
+one run:
+
+* the unplanned compiled peak (``jax.jit`` with the entry's donated arguments)
+  and jaxmem's estimate of it (``jaxmem.analyze``): the error the budget
+  arithmetic starts from;
+* ``jaxmem.fit(0.5)``: the compiled peak it reached, or the ``BudgetError``'s
+  smallest reachable peak; then whether that figure is honest: it is at most
+  the unplanned peak, and ``fit`` with it as the budget succeeds;
+* results: the fitted step's outputs against ``jax.jit``'s, bit for bit (or
+  the largest relative difference).
+
+The corpus is measured as it is. One change to jaxmem followed its first
+run (the estimate pairing results with donated arguments, as XLA does); that
+run's results are kept in ``bench/results/corpus_before_aliasing.json`` and
+summarized next to the current ones. Run:
+``python bench/corpus_bench.py [--only SUBSTRING] [--render]``; writes
+``bench/results/corpus.{json,md}`` and the README excerpt (``--only`` keeps the
+other entries' rows from the last run). About 20 minutes on 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxmem  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _results import commit, write_excerpt  # noqa: E402
+from corpus import all_entries  # noqa: E402
+
+RESULTS = HERE / "results"
+MiB = 2 ** 20
+FRACTION = 0.5
+#: The first run on the corpus, before a change made after measuring it.
+BEFORE = RESULTS / "corpus_before_aliasing.json"
+
+
+def _fresh(args: Any) -> Any:
+  """Copies of ``args``: a step that donates them consumes its inputs."""
+  return jax.tree.map(lambda a: jnp.array(a, copy=True) if isinstance(a, jax.Array) else a, args)
+
+
+def _data(x: Any) -> Any:
+  """``x``, or the bits of a typed PRNG key array (nnx keeps them in its state)."""
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(x)
+  return x
+
+
+def _compare(got: Any, want: Any) -> str:
+  got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+  if len(got) != len(want):
+    return "different outputs"
+  worst, differ = 0.0, 0
+  for a, b in zip(got, want):
+    a, b = np.asarray(_data(a)), np.asarray(_data(b))
+    if a.shape != b.shape:
+      return "different shapes"
+    if np.array_equal(a, b, equal_nan=True):
+      continue
+    differ += 1
+    scale = max(float(np.max(np.abs(b.astype(np.float64)))), 1e-30)
+    worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+  # Relative to the leaf's largest element: adam turns a last-bit difference
+  # in a gradient that is zero in exact arithmetic (an attention key bias)
+  # into a full-size update of that leaf.
+  return ("bit-identical" if not differ else
+          f"{differ} of {len(got)} leaves differ, max rel diff {worst:.1e}")
+
+
+def measure(entry: Any) -> dict[str, Any]:
+  row: dict[str, Any] = dict(name=entry.name, family=entry.family)
+  t0 = time.perf_counter()
+  step, args = entry.make()
+  donate = entry.donate
+  jitted = jax.jit(step, donate_argnums=donate)
+  base = jaxmem.compiled_memory(jitted.lower(*args).compile()).peak_bytes
+  row["unplanned_mib"] = round(base / MiB, 2)
+  t1 = time.perf_counter()
+  try:
+    estimate = jaxmem.analyze(step, *args, donate_argnums=donate).peak_bytes
+    row["estimate_mib"] = round(estimate / MiB, 2)
+    row["estimate_error"] = round((estimate - base) / base, 4)
+  except Exception as e:  # noqa: BLE001 (a failure is a result)
+    row["estimate_failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+  row["analyze_s"] = round(time.perf_counter() - t1, 1)
+  t1 = time.perf_counter()
+  try:
+    fitted = jaxmem.fit(FRACTION, donate_argnums=donate)(step)
+    res = fitted.fit_result(*args)
+    row.update(fit="fits", fit_mib=round(res.peak_bytes / MiB, 2),
+               fit_fraction=round(res.peak_bytes / base, 3),
+               within=res.peak_bytes <= res.budget_bytes, planner=res.plan.planner,
+               scans=res.scans)
+    row["results"] = _compare(fitted(*_fresh(args)), jitted(*_fresh(args)))
+  except jaxmem.BudgetError as e:
+    smallest = e.smallest_bytes
+    row.update(fit="BudgetError", smallest_mib=round(smallest / MiB, 2),
+               smallest_fraction=round(smallest / base, 3), smallest_above_unplanned=smallest > base)
+    row["fit_s"] = round(time.perf_counter() - t1, 1)
+    t2 = time.perf_counter()
+    try:   # honest: asking for the figure it reported succeeds
+      again = jaxmem.fit(int(smallest), donate_argnums=donate)(step).fit_result(*args)
+      row["smallest_reached"] = again.peak_bytes <= smallest
+    except jaxmem.BudgetError as e2:
+      row["smallest_reached"] = False
+      row["smallest_reached_note"] = f"BudgetError again: {e2.smallest_bytes / MiB:.2f} MiB"
+    row["recheck_s"] = round(time.perf_counter() - t2, 1)
+  except Exception as e:  # noqa: BLE001
+    row.update(fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    traceback.print_exc()
+  row.setdefault("fit_s", round(time.perf_counter() - t1, 1))
+  row["total_s"] = round(time.perf_counter() - t0, 1)
+  return row
+
+
+def _pct(x: float) -> str:
+  return f"{x * 100:+.1f}%"
+
+
+def _headline(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
+  """(estimates within ±10%, estimates, fit(0.5) fits)."""
+  errors = [r["estimate_error"] for r in rows if "estimate_error" in r]
+  return (sum(abs(e) <= 0.10 for e in errors), len(errors),
+          sum(r.get("fit") == "fits" for r in rows))
+
+
+def render(rows: list[dict[str, Any]], meta: dict[str, Any],
+           before: dict[str, Any] | None = None) -> tuple[str, str]:
+  """The full table and the README excerpt (the per-family summary).
+
+  ``before``: an earlier run's results file, summarized in one line (what a
+  change made after measuring the corpus did to it).
+  """
+  families: dict[str, list[dict[str, Any]]] = {}
+  for r in rows:
+    families.setdefault(r["family"], []).append(r)
+  errors = [r["estimate_error"] for r in rows if "estimate_error" in r]
+  within10 = sum(abs(e) <= 0.10 for e in errors)
+  below5 = sum(e < -0.05 for e in errors)
+  fits = [r for r in rows if r.get("fit") == "fits"]
+  budget_errors = [r for r in rows if r.get("fit") == "BudgetError"]
+  honest = [r for r in budget_errors
+            if r.get("smallest_reached") and not r.get("smallest_above_unplanned")]
+  identical = sum(r.get("results") == "bit-identical" for r in fits)
+  violations = sum(not r.get("within", True) for r in fits)
+  failed = [r for r in rows if r.get("fit") == "failed" or "estimate_failed" in r]
+  head = (f"`python bench/corpus_bench.py` jax {meta['jax']}, commit `{meta['commit']}`, "
+          f"{meta['machine']}: {len(rows)} train steps of {len(families)} families from "
+          "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
+          "backend.")
+  summary = [
+      head, "",
+      f"* Estimates within ±10% of the compiled peak: **{within10} of {len(errors)}**; below "
+      f"−5% (an under-estimate the budget arithmetic trusts): {below5}; median |error| "
+      f"{statistics.median(abs(e) for e in errors) * 100:.1f}%." if errors else "* no estimates",
+      f"* `fit({FRACTION})`: fits **{len(fits)} of {len(rows)}** (compiled peak over budget: "
+      f"{violations}; results bit-identical to `jax.jit`: {identical} of {len(fits)}); "
+      f"`BudgetError` {len(budget_errors)}, of which honest (the smallest peak it reports is at "
+      f"most the unplanned peak and `fit` reaches it when asked): {len(honest)}; "
+      f"failures: {len(failed)}.",
+      *([f"* Before {before['meta']['change']} (commit `{before['meta']['commit']}`, the first "
+         f"run on this corpus): estimates within ±10% {_headline(before['rows'])[0]} of "
+         f"{_headline(before['rows'])[1]}, `fit(0.5)` fits {_headline(before['rows'])[2]} "
+         f"(`bench/results/{before['meta']['file']}`)."] if before else []),
+      "",
+      "| family | steps | estimate error (min … max) | within ±10% | fit(0.5) fits | "
+      "BudgetError honest |",
+      "|---|---|---|---|---|---|"]
+  for fam, rs in families.items():
+    errs = [r["estimate_error"] for r in rs if "estimate_error" in r]
+    be = [r for r in rs if r.get("fit") == "BudgetError"]
+    ok = [r for r in be if r.get("smallest_reached") and not r.get("smallest_above_unplanned")]
+    span = f"{_pct(min(errs))} … {_pct(max(errs))}" if errs else "—"
+    summary.append(f"| {fam} | {len(rs)} | {span} | {sum(abs(e) <= 0.1 for e in errs)} / "
+                   f"{len(errs)} | {sum(r.get('fit') == 'fits' for r in rs)} / {len(rs)} | "
+                   f"{len(ok)} / {len(be)} |")
+  full = ["# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)", "",
+          *summary, "",
+          "Every step (peaks in MiB; `fit` at 0.5 of the unplanned compiled peak):", "",
+          "| step | unplanned | estimate (error) | fit(0.5) | results / honesty | time |",
+          "|---|---|---|---|---|---|"]
+  for r in rows:
+    est = (f"{r['estimate_mib']:.1f} ({_pct(r['estimate_error'])})" if "estimate_error" in r
+           else f"failed: {r.get('estimate_failed', '?')}")
+    if r.get("fit") == "fits":
+      fit = f"{r['fit_mib']:.1f} ({r['fit_fraction']:.2f})" + ("" if r["within"] else " OVER")
+      if r.get("scans"):
+        fit += f", scans {r['scans']}"
+      extra = r.get("results", "")
+    elif r.get("fit") == "BudgetError":
+      fit = f"BudgetError: {r['smallest_mib']:.1f} ({r['smallest_fraction']:.2f})"
+      extra = ("honest" if r.get("smallest_reached") and not r.get("smallest_above_unplanned")
+               else "NOT reached when asked: " + r.get("smallest_reached_note", "")
+               if not r.get("smallest_reached") else "above the unplanned peak")
+    else:
+      fit, extra = "failed", r.get("error", "")
+    full.append(f"| {r['name']} | {r['unplanned_mib']:.1f} | {est} | {fit} | {extra} | "
+                f"{r['total_s']:.0f} s |")
+  return "\n".join(full) + "\n", "\n".join(summary) + "\n"
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", default="", help="measure the entries whose name contains this")
+  parser.add_argument("--render", action="store_true", help="the tables again from the JSON")
+  opts = parser.parse_args()
+  path = RESULTS / "corpus.json"
+  old = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
+  if opts.render:
+    meta, rows = old["meta"], old["rows"]
+  else:
+    entries = [e for e in all_entries() if opts.only in e.name]
+    done = {r["name"]: r for r in old["rows"]} if opts.only else {}
+    for i, entry in enumerate(entries):
+      print(f"[{i + 1}/{len(entries)}] {entry.name} ...", flush=True)
+      done[entry.name] = row = measure(entry)
+      print(json.dumps(row), flush=True)
+    order = [e.name for e in all_entries()]
+    rows = [done[n] for n in order if n in done]
+    meta = dict(jax=jax.__version__, commit=commit(),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+  before = None
+  if BEFORE.exists():
+    before = json.loads(BEFORE.read_text())
+    before["meta"].setdefault("file", BEFORE.name)
+  full, excerpt = render(rows, meta, before)
+  (RESULTS / "corpus.md").write_text(full)
+  write_excerpt("corpus", excerpt)
+  print(full)
+
+
+if __name__ == "__main__":
+  main()

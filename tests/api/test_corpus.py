@@ -1,0 +1,75 @@
+"""``fit`` on train steps it was not tuned to (``bench/corpus/``): budgets met, results kept, errors honest.
+
+The corpus is measured in full by ``bench/corpus_bench.py``; here a fixed
+sample of its small steps, one per kind of program (a BatchNorm CNN, an MLP
+VAE, a scanned GRU, a message-passing graph net with ``segment_sum``, a
+K-means step without gradients, a two-tower contrastive model), checks what
+must hold on any step: the compiled peak is within the budget and the
+results are jax.jit's, or the ``BudgetError`` reports a peak that is at most
+the unplanned one and that ``fit`` reaches when asked for it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmem
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+  sys.path.insert(0, str(BENCH))
+from corpus import all_entries  # noqa: E402
+
+SAMPLE = ("cnn/bn-strided-s", "vae/mlp-s", "rnn/gru-scan-s", "graph/mpnn-s", "kmeans/lloyd-s",
+          "contrastive/clip-mlp-s")
+
+
+def test_the_corpus_is_broad():
+  entries = all_entries()
+  assert len(entries) >= 30
+  assert len({e.family for e in entries}) >= 12
+  assert len({e.name for e in entries}) == len(entries)
+  assert set(SAMPLE) <= {e.name for e in entries}
+
+
+@pytest.mark.parametrize("name", SAMPLE + ("gan/dcgan-s", "nnx/cnn-s"))
+def test_results_written_into_donated_arguments_are_paired_as_xla_pairs_them(name):
+  # `Program.donation_aliases` is what the estimate counts once; XLA's
+  # compiled program reports the bytes it aliased.
+  entry = next(e for e in all_entries() if e.name == name)
+  step, args = entry.make()
+  program = jaxmem.analyze(step, *args, donate_argnums=entry.donate)
+  stats = jax.jit(step, donate_argnums=entry.donate).lower(*args).compile().memory_analysis()
+  paired = sum(program.vars[o].nbytes for o in program.donation_aliases)
+  assert paired == stats.alias_size_in_bytes
+  assert len(set(program.donation_aliases.values())) == len(program.donation_aliases)
+
+
+def _copies(args):
+  return jax.tree.map(lambda a: jnp.array(a, copy=True) if isinstance(a, jax.Array) else a, args)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_fit_half_the_peak_or_say_honestly_what_is_reachable(name):
+  entry = next(e for e in all_entries() if e.name == name)
+  step, args = entry.make()
+  jitted = jax.jit(step, donate_argnums=entry.donate)
+  unplanned = jaxmem.compiled_memory(jitted.lower(*args).compile()).peak_bytes
+  try:
+    fitted = jaxmem.fit(0.5, donate_argnums=entry.donate)(step)
+    res = fitted.fit_result(*args)
+  except jaxmem.BudgetError as e:
+    assert e.smallest_bytes <= unplanned
+    again = jaxmem.fit(int(e.smallest_bytes), donate_argnums=entry.donate)(step)
+    assert again.fit_result(*args).peak_bytes <= e.smallest_bytes
+    return
+  assert res.peak_bytes <= res.budget_bytes <= 0.5 * unplanned + 1
+  # Fences may split a fused reduction (sums in another order): last bits only.
+  for a, b in zip(jax.tree.leaves(fitted(*_copies(args))), jax.tree.leaves(jitted(*_copies(args)))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
