@@ -46,8 +46,9 @@ def test_results_written_into_donated_arguments_are_paired_as_xla_pairs_them(nam
   step, args = entry.make()
   program = jaxmem.analyze(step, *args, donate_argnums=entry.donate)
   stats = jax.jit(step, donate_argnums=entry.donate).lower(*args).compile().memory_analysis()
-  paired = sum(program.vars[o].nbytes for o in program.donation_aliases)
+  paired = sum(program.vars[i].nbytes for i in program.aliased_arguments)
   assert paired == stats.alias_size_in_bytes
+  assert set(program.donation_aliases.values()) <= program.aliased_arguments
   assert len(set(program.donation_aliases.values())) == len(program.donation_aliases)
 
 

@@ -202,21 +202,31 @@ class Program:
     the result adds nothing of its own (:meth:`interval`,
     :meth:`stored_bytes`).
     """
+    return dict(p for p in self._donation_pairs if not self.vars[p[0]].is_input)
+
+  @functools.cached_property
+  def _donation_pairs(self) -> tuple[tuple[int, int], ...]:
+    """``(result id, donated argument id)`` for every result jax pairs, in order.
+
+    A returned argument is paired too (it takes a donated buffer as any
+    result does), but it adds no value of its own: it is left out of
+    :attr:`donation_aliases`.
+    """
     free: dict[tuple[Any, Any], collections.deque[int]] = collections.defaultdict(
         collections.deque)
     for vid in self.invars:
       if vid in self.donated:
         aval = self.vars[vid].aval
         free[(tuple(aval.shape), aval.dtype)].append(vid)
-    pairs: dict[int, int] = {}
+    pairs = []
     for x in self.outvars:
-      if not isinstance(x, int) or x in pairs or self.vars[x].is_input:
+      if not isinstance(x, int):
         continue
       aval = self.vars[x].aval
       queue = free.get((tuple(aval.shape), aval.dtype))
       if queue:
-        pairs[x] = queue.popleft()
-    return pairs
+        pairs.append((x, queue.popleft()))
+    return tuple(pairs)
 
   def stored_bytes(self, vid: int) -> int:
     """Bytes value ``vid`` adds to the peak: 0 for a result written into a donated argument."""
@@ -244,8 +254,8 @@ class Program:
 
   @functools.cached_property
   def aliased_arguments(self) -> frozenset[int]:
-    """Ids of the donated arguments a result is written into (:attr:`donation_aliases`)."""
-    return frozenset(self.donation_aliases.values())
+    """Ids of the donated arguments a result is written into (returned arguments included)."""
+    return frozenset(i for _, i in self._donation_pairs)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}(ops={self.num_ops}, vars={len(self.vars)})"
