@@ -42,6 +42,23 @@ class Entry:
   notes: str = ""
 
 
+def train_step(tx: Any, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The usual closure: grads of ``loss_fn(params, *batch)``, optax update.
+
+  ``step(params, opt_state, *batch) -> (params, opt_state, loss)``.
+  """
+  import jax
+  import optax
+
+  def step(params: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Any]:
+    loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, loss
+
+  return step
+
+
 def all_entries() -> list[Entry]:
   """Every entry of every family module, in a fixed order."""
   out: list[Entry] = []

@@ -16,18 +16,7 @@ import numpy as np
 import optax
 
 from corpus import Entry
-
-
-def _train_step(tx, loss_fn):
-  """The usual closure: grads of ``loss_fn(params, *batch)``, optax update."""
-
-  def step(params, opt_state, *batch):
-    loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, loss
-
-  return step
+from corpus import train_step as _train_step
 
 
 # ------------------------------------------------------------------- graph
