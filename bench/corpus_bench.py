@@ -12,10 +12,12 @@ one run:
 * results: the fitted step's outputs against ``jax.jit``'s, bit for bit (or
   the largest relative difference).
 
-The corpus is measured as it is. One change to jaxmem followed its first
-run (the estimate pairing results with donated arguments, as XLA does); that
-run's results are kept in ``bench/results/corpus_before_aliasing.json`` and
-summarized next to the current ones. Run:
+The corpus is measured as it is. Two changes to jaxmem's estimate followed
+its first run, both about donated state (results paired with donated
+arguments as XLA pairs them; XLA:CPU's copies of donated parameters the
+backward pass reads); that run's results are kept in
+``bench/results/corpus_before_aliasing.json`` and summarized next to the
+current ones. Run:
 ``python bench/corpus_bench.py [--only SUBSTRING] [--render]``; writes
 ``bench/results/corpus.{json,md}`` and the README excerpt (``--only`` keeps the
 other entries' rows from the last run). About 20 minutes on 2 CPUs.

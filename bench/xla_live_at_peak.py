@@ -151,6 +151,9 @@ def main() -> None:
   parser.add_argument("--planner", default=None, help="compile the step planned by this planner")
   parser.add_argument("--budget", type=float, default=0.5,
                       help="with --planner: fraction of the estimated peak (default 0.5)")
+  parser.add_argument("--donate", default="", metavar="I,J",
+                      help="donate these argument positions (as `donate_argnums`), as a training "
+                           "loop donates its state")
   parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
                       help="compile with this XLA option (repeatable), e.g. the scheduler "
                            "limit `jaxmem.fit` sets for a TPU target (FitResult.compiler_options)")
@@ -175,7 +178,8 @@ def main() -> None:
   kwargs = dict(cli.parse_kw(k) for k in args.kw)
   step, step_args = cli.call_factory(factory, name, kwargs)
   directory = args.dump or os.environ["JAXMEM_DUMP_DIR"]
-  prog = jaxmem.analyze(step, *step_args, target=target)
+  donate = tuple(int(i) for i in args.donate.split(",") if i.strip())
+  prog = jaxmem.analyze(step, *step_args, target=target, donate_argnums=donate)
   module = "jit_step"
   if args.planner is not None:
     plan = jaxmem.get_planner(args.planner)(prog, int(args.budget * prog.peak_bytes),
@@ -186,10 +190,10 @@ def main() -> None:
       name, _, value = item.partition("=")
       options[name] = int(value) if value.lstrip("-").isdigit() else value
     jitted = jit_plan(plan, backend=resolve_backend("auto", target.platform),
-                      compiler_options=options or None)
+                      compiler_options=options or None, donate_argnums=donate)
     module = "jit_planned"
   else:
-    jitted = jax.jit(step)
+    jitted = jax.jit(step, donate_argnums=donate)
   if args.dump is None:
     compiled = jitted.lower(*target.place(tuple(step_args))).compile()
     print(f"compiled peak (memory_analysis): {format_bytes(compiled_memory(compiled).peak_bytes)}")

@@ -11,6 +11,7 @@ reads it; nothing changes it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class AnalyzedProgram(Program):
       (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.rematerializable`).
     operand_fusions: per op, the compiler fuses elementwise producers into
       its operands (:func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
+    donation_copies: donated arguments XLA copies before updating them in
+      place, and the op that updates each
+      (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
   """
   profile: Profile
   memory: tuple[OpMemory, ...]
@@ -59,6 +63,7 @@ class AnalyzedProgram(Program):
   fused: tuple[bool, ...]
   rematerializable: tuple[bool, ...]
   operand_fusions: tuple[bool, ...]
+  donation_copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
   @property
   def peak_bytes(self) -> int:
@@ -89,7 +94,9 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   hoisted = xla_model.hoisted_constants(program)
   movable = xla_model.movable_ops(program)
   fusing = xla_model.operand_fusions(program)
-  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing))[0]
+  copies = xla_model.donation_copies(program)
+  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing,
+                                     copies))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -104,12 +111,14 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   return AnalyzedProgram(**fields, profile=profile, memory=memory, planned_memory=planned,
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
-                         fused=fused, rematerializable=remat, operand_fusions=fusing)
+                         fused=fused, rematerializable=remat, operand_fusions=fusing,
+                         donation_copies=copies)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
-                    movable: tuple[bool, ...], fusing: tuple[bool, ...]) -> Flow:
+                    movable: tuple[bool, ...], fusing: tuple[bool, ...],
+                    copies: Mapping[int, int]) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   return Flow(
@@ -126,7 +135,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
                     for op, m in zip(program.ops, memory)],
       movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program),
-      fuses_operands=fusing)
+      fuses_operands=fusing, copies=copies)
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

@@ -12,7 +12,7 @@ on what "live" means.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -109,6 +109,9 @@ class Flow:
       producers into it although its own result is stored (XLA:TPU's
       dot fusions: see
       :func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
+    copies: ``{value id: step}``: a donated argument XLA copies at the start
+      before writing its new value in place, the copy live until that step
+      (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -126,6 +129,7 @@ class Flow:
   cse_keys: Sequence[CseKey | None] | None = None
   on_chip: int = 0
   fuses_operands: Sequence[bool] | None = None
+  copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -268,6 +272,10 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       starts.append(0)
       ends.append(pos[s])
       sizes.append(h)
+  for x, s in flow.copies.items():
+    starts.append(0)
+    ends.append(pos[s])
+    sizes.append(flow.nbytes[x])
   span: dict[tuple[int, int], list[int]] = {}
   for s, reads in enumerate(flow.shared_reads):
     for key in reads:

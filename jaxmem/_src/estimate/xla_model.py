@@ -331,6 +331,47 @@ def movable_ops(program: Program) -> tuple[bool, ...]:
                for op in program.ops)
 
 
+def donation_copies(program: Program) -> dict[int, int]:
+  """``{donated argument id: op index}``: arguments XLA copies before writing their new value in place.
+
+  A result written into a donated argument's buffer
+  (:attr:`~jaxmem._src.ir.program.Program.donation_aliases`) overwrites the
+  old value; XLA's copy insertion keeps a copy of the old value when some read
+  of it is not ordered before the op that makes the new one in the dataflow
+  graph (the backward pass's ``dy @ W.T`` is not ordered with the update
+  that needs only ``dW``). Measured on XLA:CPU (an MLP VAE with its adam
+  state donated): each such parameter is copied at the program start and the
+  copy lives until the update reads it; a parameter only the forward pass
+  reads (the first layer's weight) is not copied. The value maps to the op
+  that makes the new value (where the copy dies). XLA:CPU only: the other
+  compilers' copy placement is not measured.
+  """
+  if program.backend != "cpu" or not program.donation_aliases:
+    return {}
+  copies: dict[int, int] = {}
+  for out, arg in program.donation_aliases.items():
+    maker = program.vars[out].defined_by
+    if maker is None or maker < 0:
+      continue
+    before = _ancestors(program, maker)
+    if any(u != maker and u not in before for u in program.vars[arg].uses):
+      copies[arg] = maker
+  return copies
+
+
+def _ancestors(program: Program, index: int) -> set[int]:
+  """Indexes of the ops that op ``index`` depends on, transitively."""
+  seen: set[int] = set()
+  stack = [index]
+  while stack:
+    for x in program.ops[stack.pop()].input_ids():
+      d = program.vars[x].defined_by
+      if d is not None and d >= 0 and d not in seen:
+        seen.add(d)
+        stack.append(d)
+  return seen
+
+
 def operand_fusions(program: Program) -> tuple[bool, ...]:
   """Per op, whether the compiler fuses elementwise producers into its operands.
 
@@ -376,6 +417,6 @@ def on_chip_bytes(program: Program) -> int:
 
 
 __all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes",
-           "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
+           "donation_copies", "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
            "op_fusion_kind", "op_memory_model", "op_memory_models", "operand_fusions",
            "shared_broadcasts", "stored_broadcast_spans"]

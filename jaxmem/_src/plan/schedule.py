@@ -219,7 +219,8 @@ class Schedule:
                            else self.value_bytes(v) for v in range(nvals)], materialized,
                           frozenset(hoist), shared, movable, cse,
                           xla_model.on_chip_bytes(prog),
-                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps])
+                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
+                          _copy_steps(prog.donation_copies, self.steps))
     return lifetimes.estimate(flow)[0]
 
   def anchor_of(self, index: int) -> float:
@@ -242,6 +243,15 @@ def choose_dep(program: AnalyzedProgram, before: int, exclude: set[int]) -> int 
     if v.defined_by > best_def:
       best, best_def = x, v.defined_by
   return best
+
+
+def _copy_steps(copies: Mapping[int, int], steps: Sequence[Step]) -> dict[int, int]:
+  """``copies`` (donated argument -> updating op) with each op's step in ``steps`` instead."""
+  if not copies:
+    return {}
+  step_of = {st.op: i for i, st in enumerate(steps)
+             if st.kind is StepKind.COMPUTE and not st.recompute}
+  return {x: step_of[op] for x, op in copies.items() if op in step_of}
 
 
 def fence_points(program: AnalyzedProgram, chain: Sequence[int]) -> list[int]:
