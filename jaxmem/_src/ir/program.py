@@ -245,12 +245,21 @@ class Program:
     v = self.vars[vid]
     end_of_program = self.num_ops
     if v.is_input:
-      if vid in self.donated and not v.is_output and vid not in self.aliased_arguments:
+      if self.freed_at_last_use(vid):
         return 0, (v.uses[-1] if v.uses else 0)
       return 0, end_of_program
     if v.is_output:
       return 0, end_of_program
     return v.defined_by, (v.uses[-1] if v.uses else v.defined_by)
+
+  def freed_at_last_use(self, vid: int) -> bool:
+    """Argument ``vid``'s buffer is free after its last use.
+
+    It is donated, not returned, and no result is written into it
+    (:attr:`aliased_arguments`).
+    """
+    return (vid in self.donated and not self.vars[vid].is_output
+            and vid not in self.aliased_arguments)
 
   @functools.cached_property
   def aliased_arguments(self) -> frozenset[int]:

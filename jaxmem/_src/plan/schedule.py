@@ -196,8 +196,7 @@ class Schedule:
       hoisted.append(h)
       shared.append(reads)
     for vid in prog.invars:
-      if (vid not in prog.donated or prog.vars[vid].is_output
-          or vid in prog.aliased_arguments):
+      if not prog.freed_at_last_use(vid):
         end[vid] = n
     for vid in prog.consts:
       end[vid] = n
