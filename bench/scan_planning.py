@@ -11,15 +11,17 @@ plan; for the scanned steps also ``jaxmem.fit(0.5)`` on this machine's CPU
 
 The planners see a scan as one opaque block and plan nothing inside it: the
 ``plan`` columns of the scanned rows show that. ``fit`` then plans the step
-rewritten to recompute every stacked residual per iteration
-(``jaxmem/_src/ir/scan_remat.py``): the ``fit(0.5)`` column. The unrolled
+rewritten to recompute stacked residuals per iteration
+(``jaxmem/_src/ir/scan_remat.py``), keeping the body values a cost model
+ranks most worth their bytes (``jaxmem/_src/planners/scan_policy.py``): the
+``fit(0.5)`` column, with how its results compare with ``jax.jit``'s. The unrolled
 rows show what planning time costs when every layer is its own equations.
 Times are of one run on a shared 2-core machine, printed as they come.
 
 Then the scanned GPT at a TPU size (batch 64, sequence 256) on a TPU v5e,
 compiled ahead of time (``target="tpu:v5e"``, the ``xla`` backend): plain
 ``jax.jit``, JAX's policies by hand (``nn.remat`` on the scanned block) and
-``fit(0.5)``, ``fit(0.3)``, with compiled peaks and FLOPs.
+``fit(0.5)``, ``fit(0.3)``, ``fit(0.15)``, with compiled peaks and FLOPs.
 
 Run: ``python bench/scan_planning.py [--layers 12,24,48] [--no-unrolled] [--tpu-layers 12]``;
 writes ``bench/results/scan_planning.{json,md}``. About 15 minutes on 2 CPUs.
@@ -36,6 +38,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 import jaxmem
 
@@ -70,14 +73,28 @@ def measure(layers: int, scanned: bool, fit: bool) -> dict[str, Any]:
     row["compiled_mib"] = round(unplanned / MiB, 1)
     t0 = time.perf_counter()
     try:
-      res = jaxmem.fit(0.5)(step).fit_result(*args)
+      fitted = jaxmem.fit(0.5)(step)
+      res = fitted.fit_result(*args)
       row["fit"] = f"{res.peak_bytes / MiB:.1f} MiB ({res.peak_bytes / unplanned:.2f})"
+      row["scans"] = res.scans
+      row["results"] = _compare(fitted(*args), jax.jit(step)(*args))
     except jaxmem.BudgetError as e:
       row["fit"] = (f"BudgetError: smallest {e.smallest_bytes / MiB:.1f} MiB "
                     f"({e.smallest_bytes / unplanned:.2f})"
                     + ("; names the scan" if "by the `scan` at" in str(e) else ""))
     row["fit_s"] = round(time.perf_counter() - t0, 1)
   return row
+
+
+def _compare(out: Any, ref: Any) -> str:
+  """How the fitted step's results (updated parameters and optimizer state) compare with jit's."""
+  pairs = [(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(out),
+                                                           jax.tree.leaves(ref))]
+  differ = sum(not np.array_equal(a, b) for a, b in pairs)
+  if not differ:
+    return "bit-identical to jax.jit"
+  worst = max(float(np.max(np.abs(a - b))) for a, b in pairs)
+  return f"{differ} of {len(pairs)} leaves differ, max abs {worst:.1e}"
 
 
 def measure_tpu(layers: int) -> list[dict[str, Any]]:
@@ -94,18 +111,18 @@ def measure_tpu(layers: int) -> list[dict[str, Any]]:
   step, args = transformer.build(layers=layers, scan_layers=True, **TPU_SIZE)
   placed = target.place(args)
   rows.append(row("jit", jax.jit(step, donate_argnums=donate).lower(*placed).compile(), {}))
-  for policy in ("nothing_saveable", "dots_saveable"):
+  for policy in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"):
     s2, a2 = transformer.build(layers=layers, scan_layers=True, remat_policy=policy, **TPU_SIZE)
     compiled = jax.jit(s2, donate_argnums=donate).lower(*target.place(a2)).compile()
     rows.append(row(f"policy:{policy}", compiled, {}))
-  for frac in (0.5, 0.3):
+  for frac in (0.5, 0.3, 0.15):
     t0 = time.perf_counter()
     try:
       fitted = jaxmem.fit(frac, target="tpu:v5e", donate_argnums=donate)(step)
       res = fitted.fit_result(*args)
       rows.append(row(f"fit({frac})", fitted.lower(*args).compile(),
                       dict(budget_mib=round(res.budget_bytes / MiB, 1),
-                           within=res.peak_bytes <= res.budget_bytes,
+                           within=res.peak_bytes <= res.budget_bytes, scans=res.scans,
                            fit_s=round(time.perf_counter() - t0, 1))))
     except jaxmem.BudgetError as e:
       rows.append(dict(layers=layers, method=f"fit({frac})",
@@ -130,28 +147,29 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
          f"sequence {SIZE['seq_len']}, width {SIZE['dim']}; `plan` is `auto` at 0.5 of the "
          "estimated peak; `fit(0.5)` is of the compiled peak, on this CPU.", "",
          "| layers | form | equations | analyze s | plan s | estimate MiB | planned estimate MiB "
-         "| decisions | compiled MiB | fit(0.5) | fit s |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| decisions | compiled MiB | fit(0.5) | fit s | results of fit(0.5) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     out.append(f"| {r['layers']} | {r['form']} | {r['ops']} | {r['analyze_s']} | {r['plan_s']} "
                f"| {r['estimate_mib']} | {r['planned_estimate_mib']} | {r['decisions']} "
-               f"| {r.get('compiled_mib', '-')} | {r.get('fit', '-')} | {r.get('fit_s', '-')} |")
+               f"| {r.get('compiled_mib', '-')} | {r.get('fit', '-')} | {r.get('fit_s', '-')} "
+               f"| {r.get('results', '-')} |")
   if meta.get("tpu"):
     out += ["", f"## TPU v5e, compiled ahead of time (libtpu; no step run on a TPU)", "",
             f"The scanned GPT at batch {TPU_SIZE['batch_size']}, sequence {TPU_SIZE['seq_len']}, "
             f"width {TPU_SIZE['dim']}, parameters and optimizer state donated; `fit` with "
             "`target=\"tpu:v5e\"` (the `xla` backend). JAX's policies are `nn.remat` on the "
             "scanned block.", "",
-            "| layers | method | TPU peak MiB | of jit | host MiB | FLOPs vs jit | budget MiB | within | fit s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| layers | method | TPU peak MiB | of jit | host MiB | FLOPs vs jit | budget MiB | within | fit s | scans |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in meta["tpu"]:
       if "error" in r:
         out.append(f"| {r['layers']} | {r['method']} | {r['error']} | - | - | - "
-                   f"| {r['budget_mib']} | no | {r['fit_s']} |")
+                   f"| {r['budget_mib']} | no | {r['fit_s']} | - |")
       else:
         out.append(f"| {r['layers']} | {r['method']} | {r['peak_mib']} | {r.get('of_jit', '-')} "
                    f"| {r['host_mib']} | {r.get('flops_vs_jit', '-')}x | {r.get('budget_mib', '-')} "
-                   f"| {r.get('within', '-')} | {r.get('fit_s', '-')} |")
+                   f"| {r.get('within', '-')} | {r.get('fit_s', '-')} | {r.get('scans') or '-'} |")
   return "\n".join(out) + "\n"
 
 

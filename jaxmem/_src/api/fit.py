@@ -20,9 +20,9 @@ import jax
 from jaxmem._src.api.program import Program, analyze_step
 from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
-from jaxmem._src.estimate.devices import DeviceLike
+from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.estimate.targets import Target, TargetLike, get_target
-from jaxmem._src.ir.scan_remat import (MEMORY_KIND, NATIVE_STORE, RECOMPUTE, STAGE,
+from jaxmem._src.ir.scan_remat import (MEMORY_KIND, NATIVE_STORE, RECOMPUTE, STAGE, traced_step,
                                        with_scan_residuals_recomputed)
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
 from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
@@ -33,6 +33,7 @@ from jaxmem._src.planners.auto import auto
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import PLANNERS, as_planner
+from jaxmem._src.planners.scan_policy import scan_frontier
 from jaxmem._src.planners.segments import segments
 from jaxmem._src.verify.compiled import CompiledMemory, collective_buffers, compiled_memory
 
@@ -58,7 +59,10 @@ class FitResult:
       (``"local"``: this machine's devices, ``"tpu:v5e"``: XLA:TPU ahead of time).
     platform: that compiler's backend (``cpu``, ``gpu``, ``tpu``).
     scans: how the step's scans were rewritten before planning: ``""`` (not
-      rewritten), ``"recomputed, matmul outputs kept"`` or ``"recomputed"``
+      rewritten), ``"recomputed by cost, N body values kept (...)"`` (each
+      iteration stacks the body values a cost model ranks most worth
+      keeping, the cheapest such choice whose compiled step fits:
+      ``planners/scan_policy.py``), ``"recomputed, matmul outputs kept"`` or ``"recomputed"``
       (their stacked residuals recomputed per iteration in the backward scan,
       as ``nn.remat`` with ``dots_saveable`` or ``nothing_saveable`` would),
       either with ``", stacked in host memory"`` on an accelerator target
@@ -427,9 +431,65 @@ class Fitted:
           floor_attempt({}, planner)
       return found
 
+    def frontier_search() -> tuple[_Attempt, Program, str] | None:
+      """The cheapest per-value scan policy of ``scan_frontier`` whose compiled step fits, as it is.
+
+      The frontier's points stack more and recompute less one after the
+      other, so their compiled peaks rise: a bisection compiles a handful of
+      them (``1 + log2(points)``) and keeps the last that fits, with no plan
+      on top. ``None`` when even the point that stacks least does not fit.
+      """
+      closed, pairs, _ = traced_step(inner, dyn)
+      if not pairs:
+        return None
+      points = scan_frontier(closed.jaxpr, pairs, device_profile(self.device))
+      temp_share = budget - (base_mem.peak_bytes - base_mem.temp_bytes)
+      limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
+      options = ({} if limit is None
+                 else self.target.memory_limit_options(limit, base_mem.peak_bytes))
+      probed: dict[int, tuple[_Attempt, Program]] = {}
+
+      def probe(k: int) -> tuple[_Attempt, Program]:
+        if k not in probed:
+          prog = analyze_step(with_scan_residuals_recomputed(inner, saved=points[k].saved), dyn,
+                              donate_argnums=donate, arg_names=names, target=target)
+          plan = Plan(prog, (), budget, prog.peak_bytes, prog.peak_bytes, "none")
+          jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
+                            backend=self.backend)
+          compiled = jitted.lower(*placed).compile()
+          tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
+          probed[k] = tried[-1], prog
+          self._log(f"scan policy {k + 1} of {len(points)}: {points[k].num_saved} body values "
+                    f"kept, stacks {format_bytes(points[k].stacked_bytes)}, recomputes "
+                    f"{points[k].recompute_s * 1e3:.2f} ms simulated, compiled "
+                    f"{format_bytes(tried[-1].memory.peak_bytes)}")
+        return probed[k]
+
+      fits = lambda k: probe(k)[0].memory.peak_bytes <= budget
+      if len(points) < 2 or not fits(0):
+        return None
+      lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
+      while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+      found, prog = probe(lo)
+      num_values = sum(len(p.residuals) for p in pairs)
+      how = (f"recomputed by cost, {points[lo].num_saved} body values kept "
+             f"({format_bytes(points[lo].stacked_bytes)} stacked, {num_values} residuals before)")
+      return found, prog, how
+
     unplanned_program = program
-    found = search(budget)
     scans = ""   # how the program planned last rewrote its scans (FitResult.scans)
+    found = None
+    if _stacking_scans(program):
+      # Per iteration, by cost, before the step as written is planned: what a
+      # scanned layer stacks is where its memory is (`planners/scan_policy.py`).
+      self._log("choosing what the scans stack per iteration, by cost")
+      chosen = frontier_search()
+      if chosen is not None:
+        found, program, scans = chosen
+    if found is None:
+      found = search(budget)
     # A scan's stacked residuals are one value each to the planners: the step
     # rewritten to recompute them per iteration in the backward scan
     # (`ir/scan_remat.py`) is planned too, after the step as written: first
@@ -455,7 +515,7 @@ class Fitted:
     if out_of_device:
       rewrites += [(True, out_of_device, RECOMPUTE), (False, out_of_device, STAGE),
                    (False, out_of_device, RECOMPUTE)]
-    for save_dots, offload, residuals in rewrites if _stacking_scans(program) else ():
+    for save_dots, offload, residuals in rewrites if _stacking_scans(unplanned_program) else ():
       if found is not None:
         break
       rewritten = analyze_step(

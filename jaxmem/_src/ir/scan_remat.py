@@ -81,6 +81,14 @@ class ScanPair:
       recomputes only the rest from them, as
       ``jax.checkpoint_policies.dots_saveable`` does; else the recomputation
       starts from the body's inputs, as ``nothing_saveable`` does.
+    saved: which values of the forward body the forward scan stacks for the
+      recomputation, as indexes of the equations that make them in
+      :func:`forward_body` (the body with nested calls inlined); the
+      recomputation starts from them and the body's inputs. ``None``:
+      ``save_dots`` decides. A chosen policy per body value, as
+      ``jax.checkpoint`` with a custom policy would save them
+      (``planners/scan_policy.py`` chooses them by cost). Saved values the
+      recomputation does not read are not stacked.
     offload: ``""`` (nothing leaves device memory), :data:`MEMORY_KIND` or
       :data:`NATIVE_STORE`: the staged residuals and the stacks the rewrite
       adds (the carries the recomputation starts from, and the matmul
@@ -102,8 +110,12 @@ class ScanPair:
   save_dots: bool = False
   offload: str = ""
   choices: tuple[str, ...] = ()
+  saved: tuple[int, ...] | None = None
 
   def __post_init__(self) -> None:
+    if self.saved is not None and self.save_dots:
+      raise ValueError("`ScanPair`: pass `saved` (the body values to stack) or `save_dots`, not "
+                       "both.")
     if self.offload not in ("", MEMORY_KIND, NATIVE_STORE):
       raise ValueError(f"`ScanPair.offload` must be '', {MEMORY_KIND!r} or {NATIVE_STORE!r}; "
                        f"got {self.offload!r}.")
@@ -134,7 +146,7 @@ class ScanPair:
 
   def saving_dots(self) -> ScanPair:
     """This pair with ``save_dots``: the matmul outputs stacked, the rest recomputed."""
-    return dataclasses.replace(self, save_dots=True)
+    return dataclasses.replace(self, save_dots=True, saved=None)
 
   def offloading(self, to: str = MEMORY_KIND) -> ScanPair:
     """This pair with ``offload``: the stacks the recomputation reads kept out of device memory."""
@@ -144,6 +156,11 @@ class ScanPair:
     """This pair with one choice for every residual, or one per residual."""
     choices = (choice,) * len(self.residuals) if isinstance(choice, str) else tuple(choice)
     return dataclasses.replace(self, choices=choices)
+
+  def saving(self, eqns: Sequence[int]) -> ScanPair:
+    """This pair stacking the outputs of these equations of :func:`forward_body` (``saved``)."""
+    return dataclasses.replace(self, saved=tuple(sorted(set(int(i) for i in eqns))),
+                               save_dots=False)
 
 
 def _to_host(x: Any) -> Any:
@@ -207,6 +224,16 @@ def scan_pairs(jaxpr: _compat.Jaxpr) -> list[ScanPair]:
       by_consumer[gi].append(j)
     pairs += [ScanPair(fi, gi, tuple(js)) for gi, js in sorted(by_consumer.items())]
   return pairs
+
+
+def forward_body(jaxpr: _compat.Jaxpr, pair: ScanPair) -> _compat.ClosedJaxpr:
+  """The body of ``pair``'s forward scan with nested calls inlined: what :attr:`ScanPair.saved` indexes.
+
+  Flax wraps each module in a call (``pjit``, ``custom_jvp_call``...): inlined,
+  the matmuls and activations are equations of the body itself. The same
+  jaxpr gives the same equations in the same order.
+  """
+  return _inlined(jaxpr.eqns[pair.forward].params["jaxpr"])
 
 
 def recompute_scan_residuals(closed: _compat.ClosedJaxpr,
@@ -299,7 +326,7 @@ class _PairPlan:
   num_consts: int
   num_carry: int
   body: Any                 # the forward body, nested calls inlined (a ClosedJaxpr)
-  saved_vars: tuple[Any, ...]   # its matmul outputs stacked too (`save_dots`)
+  saved_vars: tuple[Any, ...]   # body values stacked too (`save_dots`, `saved`)
   slice_jaxpr: Any          # the body cut to the residuals (inputs: `needed`)
   needed: tuple[int, ...]   # inputs of the cut body the slice reads: the body's, then saved
   # For a needed carry input: the forward ys index that already stacks it, or
@@ -317,22 +344,37 @@ class _PairPlan:
     _, num_consts, num_carry, _, _ = _compat.scan_params(eqn)
     # Nested calls (flax wraps modules in them) inlined, so that the matmuls
     # are equations of the body itself.
-    closed_body = _inlined(eqn.params["jaxpr"])
+    closed_body = forward_body(jaxpr, pair)
     body = closed_body.jaxpr
     num_ys = len(body.outvars) - num_carry
     used = [False] * num_carry + [j in pair.recomputed for j in range(num_ys)]
     saved_vars: tuple[Any, ...] = ()
-    cut_body = body
     if pair.save_dots:
       needed_part, _ = _compat.dce_jaxpr(body, used)
       saved_vars = tuple(o for e in needed_part.eqns if e.primitive.name == "dot_general"
                          for o in e.outvars)
+    elif pair.saved is not None:
+      if pair.saved and not 0 <= min(pair.saved) <= max(pair.saved) < len(body.eqns):
+        raise ValueError(f"`ScanPair.saved`: equation indexes must be in [0, {len(body.eqns)}) "
+                         f"for this forward body; got {pair.saved}.")
+      saved_vars = tuple(o for i in pair.saved for o in body.eqns[i].outvars
+                         if not isinstance(o, _compat.DropVar))
+
+    def cut_at(saved_vars: tuple[Any, ...]) -> tuple[Any, list[bool]]:
+      # The saved values become inputs of the recomputation: the equations
+      # that make them leave it.
       saved = set(saved_vars)
-      # The saved outputs become inputs of the recomputation: the matmuls that
-      # make them leave it.
       cut_body = body.replace(invars=[*body.invars, *saved_vars],
                               eqns=[e for e in body.eqns if not saved & set(e.outvars)])
-    cut, used_inputs = _compat.dce_jaxpr(cut_body, used)
+      return _compat.dce_jaxpr(cut_body, used)
+
+    cut, used_inputs = cut_at(saved_vars)
+    num_inputs = len(body.invars)
+    if not all(used_inputs[num_inputs:]):
+      # A saved value the recomputation does not read (a matmul output only
+      # another saved matmul reads) is not stacked.
+      saved_vars = tuple(v for v, u in zip(saved_vars, used_inputs[num_inputs:]) if u)
+      cut, used_inputs = cut_at(saved_vars)
     needed = tuple(k for k, u in enumerate(used_inputs) if u)
     carry_stack: dict[int, int | None] = {}
     for k in needed:
@@ -484,9 +526,31 @@ def _abstract(invars: Sequence[_compat.Var]) -> list[jax.ShapeDtypeStruct]:
           for v in invars]
 
 
+def traced_step(fun: Callable[..., Any], args: Sequence[Any]
+                ) -> tuple[_compat.ClosedJaxpr, list[ScanPair], Any]:
+  """``fun``'s jaxpr on the flattened ``args``, its scan pairs, and its output tree.
+
+  The jaxpr :func:`with_scan_residuals_recomputed` rewrites, so that
+  :attr:`ScanPair.saved` indexes chosen on it (``planners/scan_policy.py``)
+  name the same equations.
+  """
+  leaves, in_tree = jax.tree_util.tree_flatten(tuple(args))
+  out_trees = []
+
+  def flat(*xs: Any) -> list[Any]:
+    out, tree = jax.tree_util.tree_flatten(fun(*jax.tree_util.tree_unflatten(in_tree, xs)))
+    out_trees.append(tree)
+    return out
+
+  closed = _compat.make_jaxpr(flat, *leaves)
+  return closed, scan_pairs(closed.jaxpr), out_trees[0]
+
+
 def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool = False,
                                   offload: bool | str = False,
-                                  residuals: str = RECOMPUTE) -> Callable[..., Any]:
+                                  residuals: str = RECOMPUTE,
+                                  saved: Sequence[Sequence[int]] | None = None
+                                  ) -> Callable[..., Any]:
   """``fun`` whose differentiated scans recompute (or stage) their stacked residuals per iteration.
 
   ``save_dots``: the scans stack their matmul outputs and recompute the rest
@@ -497,7 +561,10 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
   :data:`NATIVE_STORE` for jaxmem's host store (where our FFI handlers are
   registered: the CPU, CUDA builds). ``residuals``: :data:`RECOMPUTE`, or
   :data:`STAGE` to copy every residual out of device memory as it is
-  (``offload`` must say where) instead of recomputing it.
+  (``offload`` must say where) instead of recomputing it. ``saved``: per
+  pair of :func:`traced_step` (in its order), the equations of the forward
+  body whose outputs are stacked for the recomputation (``ScanPair.saved``),
+  instead of ``save_dots``.
 
   The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
   with :func:`recompute_scan_residuals` and evaluates the result, so it can
@@ -513,26 +580,26 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
     >>> bool((jax.jit(grad)(ws, x) == jax.grad(loss)(ws, x)).all())
     True
   """
+  if saved is not None and save_dots:
+    raise ValueError("`with_scan_residuals_recomputed`: pass `saved` or `save_dots`, not both.")
+
   @functools.wraps(fun)
   def wrapped(*args: Any) -> Any:
-    leaves, in_tree = jax.tree_util.tree_flatten(args)
-    out_trees = []
-
-    def flat(*xs: Any) -> list[Any]:
-      out, tree = jax.tree_util.tree_flatten(fun(*jax.tree_util.tree_unflatten(in_tree, xs)))
-      out_trees.append(tree)
-      return out
-
-    closed = _compat.make_jaxpr(flat, *leaves)
-    pairs = scan_pairs(closed.jaxpr)
+    closed, pairs, out_tree = traced_step(fun, args)
+    leaves = jax.tree_util.tree_leaves(args)
     if save_dots:
       pairs = [p.saving_dots() for p in pairs]
+    if saved is not None:
+      if len(saved) != len(pairs):
+        raise ValueError(f"`with_scan_residuals_recomputed`: `saved` has {len(saved)} entries for "
+                         f"{len(pairs)} scan pairs; pass one per pair of `traced_step`.")
+      pairs = [p.saving(s) for p, s in zip(pairs, saved)]
     if offload:
       pairs = [p.offloading(MEMORY_KIND if offload is True else offload) for p in pairs]
     if residuals != RECOMPUTE:
       pairs = [p.with_choices(residuals) for p in pairs]
     rewritten = recompute_scan_residuals(closed, pairs)
     outs = _compat.eval_jaxpr(rewritten.jaxpr, rewritten.consts, *leaves)
-    return jax.tree_util.tree_unflatten(out_trees[0], outs)
+    return jax.tree_util.tree_unflatten(out_tree, outs)
 
   return wrapped
