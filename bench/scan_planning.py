@@ -45,7 +45,7 @@ import jaxmem
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 import transformer  # noqa: E402
-from _results import commit, flops_of  # noqa: E402
+from _results import commit, flops_of, write_excerpt  # noqa: E402
 
 RESULTS = HERE / "results"
 SIZE = dict(batch_size=8, seq_len=64, dim=128, heads=4)
@@ -145,7 +145,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
          f"`python bench/scan_planning.py` ({meta['when']} at {meta['commit']}, jax "
          f"{meta['jax']}, {meta['machine']}). GPT of the examples, batch {SIZE['batch_size']}, "
          f"sequence {SIZE['seq_len']}, width {SIZE['dim']}; `plan` is `auto` at 0.5 of the "
-         "estimated peak; `fit(0.5)` is of the compiled peak, on this CPU.", "",
+         "estimated peak; `fit(0.5)` is of the compiled peak, on this CPU. Its results (updated "
+         "parameters and adamw state after one step) are compared with `jax.jit`'s: recomputing "
+         "part of each block, XLA:CPU sums some gradients in another order (the gradients "
+         "equal `jax.jit`'s to float32 rounding: `tests/planners/test_scan_policy.py`), and "
+         "adamw's first update is `lr * sign(g)`, which flips where a gradient is rounding noise. "
+         "The choice that keeps only the carry is bit-identical to `nn.remat(nothing_saveable)`.",
+         "",
          "| layers | form | equations | analyze s | plan s | estimate MiB | planned estimate MiB "
          "| decisions | compiled MiB | fit(0.5) | fit s | results of fit(0.5) |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -173,6 +179,14 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
   return "\n".join(out) + "\n"
 
 
+def write(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+  """``scan_planning.md`` and its README excerpt (everything below the title)."""
+  md = markdown(rows, meta)
+  (RESULTS / "scan_planning.md").write_text(md)
+  write_excerpt("scan_planning", md.split("\n", 2)[2])
+  print(md)
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--layers", default="12,24,48")
@@ -184,8 +198,7 @@ def main() -> None:
   a = p.parse_args()
   if a.render:
     data = json.loads((RESULTS / "scan_planning.json").read_text())
-    (RESULTS / "scan_planning.md").write_text(markdown(data["rows"], data["meta"]))
-    print(markdown(data["rows"], data["meta"]))
+    write(data["rows"], data["meta"])
     return
   meta = dict(when=time.strftime("%Y-%m-%d %H:%M"), commit=commit(),
               jax=jax.__version__, machine=f"{platform.machine()}, {jax.devices()[0].platform}")
@@ -199,8 +212,7 @@ def main() -> None:
     meta["tpu"] = measure_tpu(a.tpu_layers)
   RESULTS.mkdir(exist_ok=True)
   (RESULTS / "scan_planning.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-  (RESULTS / "scan_planning.md").write_text(markdown(rows, meta))
-  print(markdown(rows, meta))
+  write(rows, meta)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,7 @@ CPU_CASES = {
     "gpt_tp": ("transformer", dict(batch_size=16, seq_len=128, vocab=256, dim=256, heads=8,
                                    layers=4), "tp"),
     # The decoder blocks as one `nn.scan` over stacked parameters: fit rewrites
-    # the scan to recompute its residuals per iteration, so the reference is
-    # `nn.remat` with the matching JAX policy on the scanned block.
+    # the scan to recompute part of its residuals per iteration.
     "gpt_scan_tp": ("transformer", dict(batch_size=16, seq_len=128, vocab=256, dim=256, heads=8,
                                         layers=8, scan_layers=True), "tp"),
 }
@@ -148,11 +147,22 @@ def run_case(where: str, name: str, budget: float) -> dict[str, Any]:
              offload=res.plan.num_offload, host_mib=res.memory.host_temp_bytes / MiB)
   if where == "cpu":
     reference, against = step, "jax.jit"
-    if res.scans:   # the scans' residuals recomputed: JAX's policy on the scanned block
-      policy = "dots_saveable" if "matmul" in res.scans else "nothing_saveable"
-      reference = mod.build(**kw, remat_policy=policy)[0]
-      against = f"nn.remat({policy})"
-    row["results"] = f"{_compare_results(fitted(*args), jax.jit(reference)(*args))} to {against}"
+    out = fitted(*args)
+    if res.scans.startswith("recomputed by cost"):
+      # Part of each block recomputed: no JAX policy computes the same, and
+      # adamw's first update is lr * sign(g), which flips where a gradient is
+      # rounding noise. The largest difference after that step is reported
+      # (the gradients themselves: tests/api/test_sharded_fit.py).
+      ref = jax.jit(step)(*args)
+      worst = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+                  for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+      row["results"] = f"max abs difference {worst:.1e} to jax.jit after one adamw step"
+    else:
+      if res.scans:   # the scans' residuals recomputed: JAX's policy on the scanned block
+        policy = "dots_saveable" if "matmul" in res.scans else "nothing_saveable"
+        reference = mod.build(**kw, remat_policy=policy)[0]
+        against = f"nn.remat({policy})"
+      row["results"] = f"{_compare_results(out, jax.jit(reference)(*args))} to {against}"
     row["scans"] = res.scans
   print(f"[{where}/{name}] fit({budget}): {row['peak_mib']:.1f} MiB ({row['fraction']:.2f}) in "
         f"{row['fit_s']:.0f} s, {row.get('results', '')}", flush=True)

@@ -30,6 +30,7 @@ class Case:
   tiny: dict[str, Any]   # build() keywords of a CPU-sized configuration (a few seconds)
   budget: float          # fraction of the unplanned compiled peak the tiny step is fitted to
   exact: bool = True     # fitted outputs bit-identical to jax.jit (else: float-noise close)
+  rtol: float = 1e-5     # with ``exact=False``: the relative tolerance after two adam steps
   # build() keywords of the reference step instead of the fitted one (default: the same).
   reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -70,14 +71,17 @@ CASES = {
     "lstm_scan": Case("lstm", dict(batch_size=64, seq_len=4, vocab=64, embed=16, hidden=32,
                                    layers=1, scan=True), 1.0),
     # The decoder blocks as one `nn.scan` (how large models are written): fit
-    # recomputes the scan's stacked residuals per iteration
-    # (`ir/scan_remat.py`). That is what `nn.remat(nothing_saveable)` on the
-    # scanned block does, and the reference: bit-identical to it, not to the
-    # step without remat (XLA:CPU sums some gradients in another order when
-    # the block is recomputed: ~1e-8 absolute, which adamw amplifies).
+    # recomputes part of the scan's stacked residuals per iteration, keeping
+    # the body values worth their bytes (`planners/scan_policy.py`). XLA:CPU
+    # sums some gradients in another order when part of the block is
+    # recomputed (~1e-8 absolute, as with `nn.remat` on the scanned block,
+    # which adamw's division by sqrt(v) amplifies to ~3e-5 relative on a few
+    # parameters after two steps). The gradients themselves are equal to
+    # float32 rounding, and the choice that keeps nothing is bit-identical
+    # to `nn.remat(nothing_saveable)` (tests/planners/test_scan_policy.py).
     "transformer_scan": Case("transformer", dict(batch_size=16, seq_len=32, vocab=32, dim=32,
                                                  heads=2, layers=2, scan_layers=True), 0.7,
-                             reference=dict(remat_policy="nothing_saveable")),
+                             exact=False, rtol=1e-4),
     "nnx_mlp": Case("nnx_mlp", dict(batch_size=1024, width=64, depth=4), 0.6),
     "nnx_cnn": Case("nnx_cnn", dict(batch_size=32, image_size=8, channels=(8, 8)), 0.6),
 }
@@ -127,7 +131,8 @@ def noise_gradient_leaves(state: Any) -> frozenset[str]:
   return frozenset(out)
 
 
-def assert_same(got: Any, want: Any, exact: bool, noise: frozenset[str] = frozenset()) -> None:
+def assert_same(got: Any, want: Any, exact: bool, noise: frozenset[str] = frozenset(),
+                rtol: float = 1e-5) -> None:
   lg, tg = jax.tree_util.tree_flatten(got)
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(want)[0]]
   lw, tw = jax.tree_util.tree_flatten(want)
@@ -142,7 +147,7 @@ def assert_same(got: Any, want: Any, exact: bool, noise: frozenset[str] = frozen
     else:
       # Float noise of a reordered sum: relative to the value, or a float32
       # rounding of an O(1) quantity where the value itself is near zero.
-      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(x, y, rtol=rtol, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -156,10 +161,11 @@ def test_tiny_step_fits_its_budget_and_trains_like_jit(name):
   assert res.budget_bytes == math.floor(case.budget * res.unplanned_peak_bytes)
   if case.budget < 1.0:
     # A plan: activations recomputed or offloaded, ReLU masks pinned, or max-pool
-    # gradients substituted (the last two alone fit some of these steps).
+    # gradients substituted (the last two alone fit some of these steps), or
+    # a scan's residuals recomputed per iteration.
     plan = res.plan
     assert res.rounds >= 1, plan.summary()
-    assert plan.decisions or plan.pinned or plan.substituted_ops, plan.summary()
+    assert plan.decisions or plan.pinned or plan.substituted_ops or res.scans, plan.summary()
     assert res.peak_bytes < res.unplanned_peak_bytes
   # Two steps, the state fed back as run_example does (updated state first, loss last).
   ref = jax.jit(build(case.module, **case.tiny, **case.reference)[0] if case.reference else step)
@@ -168,7 +174,7 @@ def test_tiny_step_fits_its_budget_and_trains_like_jit(name):
   for _ in range(2):
     *got_state, got_loss = fitted(*got_args)
     *want_state, want_loss = ref(*want_args)
-    assert_same((got_state, got_loss), (want_state, want_loss), case.exact, noise)
+    assert_same((got_state, got_loss), (want_state, want_loss), case.exact, noise, case.rtol)
     assert np.shape(got_loss) == () and np.isfinite(got_loss)
     got_args = (*got_state, *args[len(got_state):])
     want_args = (*want_state, *args[len(want_state):])

@@ -179,10 +179,9 @@ print(json.dumps(report(jaxmem.fit(0.55)(step), (ws, x))))
   assert all(out["same"]), out
 
 
-def test_scanned_tensor_parallel_transformer_recomputes_per_iteration_like_nn_remat():
+def test_scanned_tensor_parallel_transformer_recomputes_per_iteration():
   # `nn.scan` over the blocks, under the same tensor-parallel mesh: fit
-  # rewrites the scan to recompute its residuals per iteration, and computes
-  # what `nn.remat` with the matching policy on the scanned block computes.
+  # rewrites the scan to recompute part of its residuals per iteration.
   out = _run(_TP + """
 kw = dict(batch_size=16, seq_len=128, vocab=64, dim=256, heads=8, layers=6, scan_layers=True)
 step, (params, opt, tokens) = transformer.build(**kw)
@@ -190,15 +189,32 @@ args = (jax.tree_util.tree_map_with_path(tp, params), jax.tree_util.tree_map_wit
         jax.device_put(tokens, NamedSharding(mesh, P("data"))))
 fitted = jaxmem.fit(0.5)(step)
 res = fitted.fit_result(*args)
-policy = "dots_saveable" if "matmul" in res.scans else "nothing_saveable"
-reference = transformer.build(**kw, remat_policy=policy)[0]
+out, ref = fitted(*args), jax.jit(step)(*args)
+# Adam's first update is lr * sign(gradient): where a gradient is float32
+# noise its sign is, so the gradients are compared, through the same rewrite.
+from _common import cross_entropy
+model = transformer.GPT(kw["vocab"], kw["dim"], kw["heads"], kw["layers"], kw["seq_len"], None,
+                        True)
+def grads(params, tokens):
+  return jax.grad(lambda p: cross_entropy(model.apply(p, tokens[:, :-1]), tokens[:, 1:]))(params)
+fitted_grads = jaxmem.fit(0.5)(grads)
+gres = fitted_grads.fit_result(args[0], args[2])
+g, g_ref = fitted_grads(args[0], args[2]), jax.jit(grads)(args[0], args[2])
 print(json.dumps(dict(budget=res.budget_bytes, unplanned=res.unplanned_peak_bytes,
-                      peak=res.peak_bytes, scans=res.scans,
-                      same=same(fitted(*args), jax.jit(reference)(*args)))))
+                      peak=res.peak_bytes, scans=res.scans, grad_scans=gres.scans,
+                      grads_close=[bool(np.allclose(x, y, rtol=1e-5, atol=1e-7))
+                                   for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref))],
+                      loss_close=bool(np.allclose(out[-1], ref[-1], rtol=1e-6)),
+                      specs=[str(x.sharding.spec) == str(y.sharding.spec)
+                             for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(ref))])))
 """)
   assert out["peak"] <= out["budget"] < out["unplanned"], out
   assert out["scans"].startswith("recomputed"), out
-  assert all(out["same"]), out
+  # Part of each block recomputed: XLA sums some gradients in another order
+  # (as `nn.remat` on the scanned block does): the gradients equal jax.jit's
+  # to float32 rounding, the loss too, and the results keep their shardings.
+  assert out["grad_scans"].startswith("recomputed"), out
+  assert all(out["grads_close"]) and out["loss_close"] and all(out["specs"]), out
 
 
 def test_budget_error_under_a_mesh_names_the_collectives_buffers():

@@ -431,51 +431,81 @@ class Fitted:
           floor_attempt({}, planner)
       return found
 
+    # Where a scan rewrite may put what the recomputation reads: host memory
+    # kinds on an accelerator's compiler (XLA:CPU erases them), our host
+    # store with the `ffi` backend (not yet under a mesh: those ops would need
+    # the per-device wrapping of `lower/per_device.py` inside a scan body).
+    out_of_device = ""
+    if self.backend == "xla" and target.platform != "cpu":
+      out_of_device = MEMORY_KIND
+    elif self.backend == "ffi" and program.num_devices == 1:
+      out_of_device = NATIVE_STORE
+
     def frontier_search() -> tuple[_Attempt, Program, str] | None:
       """The cheapest per-value scan policy of ``scan_frontier`` whose compiled step fits, as it is.
 
       The frontier's points stack more and recompute less one after the
       other, so their compiled peaks rise: a bisection compiles a handful of
       them (``1 + log2(points)``) and keeps the last that fits, with no plan
-      on top. ``None`` when even the point that stacks least does not fit.
+      on top. When even the point that stacks least does not fit, the stacks
+      can leave device memory (``out_of_device``): then the point whose
+      recomputation and copies (out and back, unoverlapped) take least time
+      on the profile is compiled with its stacks out. ``None`` when that does
+      not fit either.
       """
       closed, pairs, _ = traced_step(inner, dyn)
       if not pairs:
         return None
-      points = scan_frontier(closed.jaxpr, pairs, device_profile(self.device))
+      profile = device_profile(self.device)
+      points = scan_frontier(closed.jaxpr, pairs, profile)
       temp_share = budget - (base_mem.peak_bytes - base_mem.temp_bytes)
       limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
       options = ({} if limit is None
                  else self.target.memory_limit_options(limit, base_mem.peak_bytes))
-      probed: dict[int, tuple[_Attempt, Program]] = {}
+      probed: dict[tuple[int, str], tuple[_Attempt, Program]] = {}
 
-      def probe(k: int) -> tuple[_Attempt, Program]:
-        if k not in probed:
-          prog = analyze_step(with_scan_residuals_recomputed(inner, saved=points[k].saved), dyn,
-                              donate_argnums=donate, arg_names=names, target=target)
+      def probe(k: int, offload: str = "") -> tuple[_Attempt, Program]:
+        if (k, offload) not in probed:
+          fun = with_scan_residuals_recomputed(inner, saved=points[k].saved, offload=offload)
+          prog = analyze_step(fun, dyn, donate_argnums=donate, arg_names=names, target=target)
           plan = Plan(prog, (), budget, prog.peak_bytes, prog.peak_bytes, "none")
           jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
                             backend=self.backend)
           compiled = jitted.lower(*placed).compile()
           tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
-          probed[k] = tried[-1], prog
+          probed[k, offload] = tried[-1], prog
           self._log(f"scan policy {k + 1} of {len(points)}: {points[k].num_saved} body values "
-                    f"kept, stacks {format_bytes(points[k].stacked_bytes)}, recomputes "
+                    f"kept, stacks {format_bytes(points[k].stacked_bytes)}"
+                    f"{' out of device memory' if offload else ''}, recomputes "
                     f"{points[k].recompute_s * 1e3:.2f} ms simulated, compiled "
                     f"{format_bytes(tried[-1].memory.peak_bytes)}")
-        return probed[k]
+        return probed[k, offload]
 
-      fits = lambda k: probe(k)[0].memory.peak_bytes <= budget
-      if len(points) < 2 or not fits(0):
+      fits = lambda k, offload="": probe(k, offload)[0].memory.peak_bytes <= budget
+      if len(points) < 2:
         return None
-      lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
-      while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-      found, prog = probe(lo)
+      where = ""
+      if fits(0):
+        lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
+        while hi - lo > 1:
+          mid = (lo + hi) // 2
+          lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+      elif out_of_device:
+        lo = min(range(len(points)), key=lambda k: points[k].recompute_s
+                 + 2 * profile.copy_seconds(points[k].stacked_bytes))
+        if not fits(lo, out_of_device):
+          return None
+        where = (", stacked in host memory" if out_of_device == MEMORY_KIND
+                 else ", stacked in jaxmem's host store")
+      else:
+        return None
+      found, prog = probe(lo, where and out_of_device)
       num_values = sum(len(p.residuals) for p in pairs)
-      how = (f"recomputed by cost, {points[lo].num_saved} body values kept "
-             f"({format_bytes(points[lo].stacked_bytes)} stacked, {num_values} residuals before)")
+      # The body's shapes are global ones under a mesh: bytes only for one device.
+      stacked = (f"{format_bytes(points[lo].stacked_bytes)} stacked, "
+                 if program.num_devices == 1 else "")
+      how = (f"recomputed by cost, {points[lo].num_saved} body values kept ({stacked}"
+             f"{num_values} residuals before){where}")
       return found, prog, how
 
     unplanned_program = program
@@ -490,28 +520,15 @@ class Fitted:
         found, program, scans = chosen
     if found is None:
       found = search(budget)
-    # A scan's stacked residuals are one value each to the planners: the step
-    # rewritten to recompute them per iteration in the backward scan
-    # (`ir/scan_remat.py`) is planned too, after the step as written: first
+    # When neither a per-value scan policy alone nor the step as written
+    # fits: whole-step rewrites with the planners on top of them. First
     # keeping the matmul outputs, as `dots_saveable` does, then recomputing
-    # everything from each iteration's inputs, as `nothing_saveable` does (by
-    # hand on a v5e GPT of 12 scanned layers: 0.48 of its peak at 1.01x FLOPs
-    # and 0.08 at 1.22x; bench/results/scan_planning.md).
-    # Then what recomputation reads, or the residuals themselves, can leave
-    # device memory one slice per iteration: nnx_mlp's 12 scanned layers
-    # floor at 0.73 of their peak on a v5e with recomputation alone, the
-    # carries stacked (bench/results/nnx_scan.md). On an accelerator's
-    # compiler (the `xla` backend) the slices go to host memory kinds
-    # (XLA:CPU erases them); with the `ffi` backend to our host store, one
-    # offload and one fetch per iteration (not yet under a mesh: those ops
-    # would need the per-device wrapping of `lower/per_device.py` inside a
-    # scan body).
+    # everything from each iteration's inputs, as `nothing_saveable` does;
+    # then with what the recomputation reads, or the residuals themselves,
+    # out of device memory one slice per iteration (`out_of_device`):
+    # nnx_mlp's 12 scanned layers floor at 0.73 of their peak on a v5e with
+    # recomputation alone, the carries stacked (bench/results/nnx_scan.md).
     rewrites = [(True, "", RECOMPUTE), (False, "", RECOMPUTE)]
-    out_of_device = ""
-    if self.backend == "xla" and target.platform != "cpu":
-      out_of_device = MEMORY_KIND
-    elif self.backend == "ffi" and program.num_devices == 1:
-      out_of_device = NATIVE_STORE
     if out_of_device:
       rewrites += [(True, out_of_device, RECOMPUTE), (False, out_of_device, STAGE),
                    (False, out_of_device, RECOMPUTE)]

@@ -9,9 +9,10 @@ at +1% (``bench/results/scan_planning.md``), with nothing in between.
 
 :func:`scan_frontier` orders the body's values by what stacking them saves
 in recomputation per byte stacked, the greedy of Chen et al. (*Training Deep
-Nets with Sublinear Memory Cost*, 2016, §4.1: keep the values expensive to
-recompute, drop the cheap ones) priced by jaxmem's cost model, and returns
-the nested sets it passes through, from "stack nothing" (only what the
+Nets with Sublinear Memory Cost*, 2016, §4: drop the results of low-cost
+operations, keep the values expensive to recompute) priced by jaxmem's cost
+model, and returns
+the sets it passes through, from "stack nothing" (only what the
 recomputation starts from: the carry) to "stack every residual" (no
 recomputation): a frontier of stacked bytes against recomputation time.
 It recovers selective recomputation (Korthikanti et al., *Reducing
@@ -20,7 +21,9 @@ cost model says so: a matmul output costs ``2·k`` FLOPs per element to
 recompute, an elementwise value (softmax, GeLU, a norm) a few, so the
 matmul outputs with the most arithmetic per byte are stacked first and the
 large elementwise values last. ``jaxmem.fit`` compiles points of the
-frontier and keeps the cheapest one that fits the budget.
+frontier and keeps the cheapest one that fits the budget; below the point
+that stacks least, the stacks of the point whose recomputation and copies
+are cheapest leave device memory (``ScanPair.offload``).
 
 Departures: the greedy is Chen et al.'s with a cost per value instead of
 their uniform one, over the equations of one iteration (the body is planned
