@@ -485,6 +485,12 @@ class Fitted:
       if len(points) < 2:
         return None
       where = ""
+      # Without a scheduler limit these compiles do not depend on the budget,
+      # and a budget of their peak finds them again: a `BudgetError` may
+      # report them (`floors`).
+      budget_free = limit is None
+      if not fits(0) and budget_free:
+        floors.append(probe(0)[0])
       if fits(0):
         lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
         while hi - lo > 1:
@@ -494,6 +500,8 @@ class Fitted:
         lo = min(range(len(points)), key=lambda k: points[k].recompute_s
                  + 2 * profile.copy_seconds(points[k].stacked_bytes))
         if not fits(lo, out_of_device):
+          if budget_free:
+            floors.append(probe(lo, out_of_device)[0])
           return None
         where = (", stacked in host memory" if out_of_device == MEMORY_KIND
                  else ", stacked in jaxmem's host store")
