@@ -462,9 +462,9 @@ class Fitted:
       limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
       options = ({} if limit is None
                  else self.target.memory_limit_options(limit, base_mem.peak_bytes))
-      probed: dict[tuple[int, str], tuple[_Attempt, Program]] = {}
+      probed: dict[tuple[int, str], _Attempt] = {}
 
-      def probe(k: int, offload: str = "") -> tuple[_Attempt, Program]:
+      def probe(k: int, offload: str = "") -> _Attempt:
         if (k, offload) not in probed:
           fun = with_scan_residuals_recomputed(inner, saved=points[k].saved, offload=offload)
           prog = analyze_step(fun, dyn, donate_argnums=donate, arg_names=names, target=target)
@@ -473,7 +473,7 @@ class Fitted:
                             backend=self.backend)
           compiled = jitted.lower(*placed).compile()
           tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
-          probed[k, offload] = tried[-1], prog
+          probed[k, offload] = tried[-1]
           self._log(f"scan policy {k + 1} of {len(points)}: {points[k].num_saved} body values "
                     f"kept, stacks {format_bytes(points[k].stacked_bytes)}"
                     f"{' out of device memory' if offload else ''}, recomputes "
@@ -481,43 +481,42 @@ class Fitted:
                     f"{format_bytes(tried[-1].memory.peak_bytes)}")
         return probed[k, offload]
 
-      fits = lambda k, offload="": probe(k, offload)[0].memory.peak_bytes <= budget
+      fits = lambda k, offload="": probe(k, offload).memory.peak_bytes <= budget
       if len(points) < 2:
         return None
-      where = ""
       # Without a scheduler limit these compiles do not depend on the budget,
       # and a budget of their peak finds them again: a `BudgetError` may
       # report them (`floors`).
       budget_free = limit is None
-      if not fits(0) and budget_free:
-        floors.append(probe(0)[0])
+      offload = ""
       if fits(0):
         lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
         while hi - lo > 1:
           mid = (lo + hi) // 2
           lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-      elif out_of_device:
+      else:
+        if budget_free:
+          floors.append(probe(0))
+        if not out_of_device:
+          return None
         # Off the device, the stacks no longer follow the points' order: the
         # three cheapest in time are compiled in turn.
+        offload = out_of_device
         by_cost = sorted(range(len(points)), key=lambda k: points[k].recompute_s
                          + 2 * profile.copy_seconds(points[k].stacked_bytes))[:3]
-        lo = next((k for k in by_cost if fits(k, out_of_device)), None)
+        lo = next((k for k in by_cost if fits(k, offload)), None)
         if lo is None:
           if budget_free:
-            floors.extend(probe(k, out_of_device)[0] for k in by_cost)
+            floors.extend(probe(k, offload) for k in by_cost)
           return None
-        where = (", stacked in host memory" if out_of_device == MEMORY_KIND
-                 else ", stacked in jaxmem's host store")
-      else:
-        return None
-      found, prog = probe(lo, where and out_of_device)
+      found = probe(lo, offload)
       num_values = sum(len(p.residuals) for p in pairs)
       # The body's shapes are global ones under a mesh: bytes only for one device.
       stacked = (f"{format_bytes(points[lo].stacked_bytes)} stacked, "
                  if program.num_devices == 1 else "")
       how = (f"recomputed by cost, {points[lo].num_saved} body values kept ({stacked}"
-             f"{num_values} residuals before){where}")
-      return found, prog, how
+             f"{num_values} residuals before){_stacked_in(offload)}")
+      return found, found.plan.program, how
 
     unplanned_program = program
     scans = ""   # how the program planned last rewrote its scans (FitResult.scans)
@@ -555,9 +554,7 @@ class Fitted:
       if offload or rewritten.peak_bytes < program.peak_bytes:
         how = "staged" if residuals == STAGE else "recomputed"
         how += ", matmul outputs kept" if save_dots else ""
-        if offload:
-          how += (", stacked in host memory" if offload == MEMORY_KIND
-                  else ", stacked in jaxmem's host store")
+        how += _stacked_in(offload)
         self._log(f"planning the step with its scans' residuals {how} per iteration "
                   f"(estimate {format_bytes(unplanned_program.peak_bytes)} -> "
                   f"{format_bytes(rewritten.peak_bytes)})")
@@ -728,6 +725,13 @@ def _collectives_hint(program: Program, compiled: Any) -> str:
           f"moves ({format_bytes(total)} of results in all; whether they are live at the peak "
           f"is XLA's schedule): {listed}. Sharding what they gather or reduce more finely "
           "(FSDP over more devices, a reduce-scatter instead of an all-reduce) lowers them.")
+
+
+def _stacked_in(offload: str) -> str:
+  """What ``FitResult.scans`` adds for where a scan rewrite stacks out of device memory."""
+  if not offload:
+    return ""
+  return ", stacked in host memory" if offload == MEMORY_KIND else ", stacked in jaxmem's host store"
 
 
 def _stacking_scans(program: Program) -> dict[int, str]:
