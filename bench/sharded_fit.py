@@ -1,6 +1,6 @@
 """Per-device budgets under a mesh: `jaxmem.fit(0.5)` of sharded steps, verified per device.
 
-Two parallel layouts of the examples' models, each fitted to half of its
+Parallel layouts of the examples' models (and of MLP blocks), each fitted to half of its
 unplanned compiled peak *per device* and checked on the compiled executable:
 
 * **DP + FSDP ResNet**: the batch split over one mesh axis, every kernel and
@@ -10,6 +10,9 @@ unplanned compiled peak *per device* and checked on the compiled executable:
   ``data``; query/key/value and the MLP's first kernel split by output
   (heads, columns) over ``model``, the attention output and the MLP's second
   kernel by input.
+* **TP MLP blocks written with** ``with_sharding_constraint`` **or**
+  ``shard_map`` (``bench/tp_blocks.py``; CPU only): the two other ways JAX
+  code splits matmuls over a ``model`` axis.
 
 On 8 CPU devices (``--xla_force_host_platform_device_count=8``, the ``ffi``
 backend: jaxmem's ops on each device's shard) the fitted step is also run
@@ -56,6 +59,10 @@ CPU_CASES = {
     # the scan to recompute part of its residuals per iteration.
     "gpt_scan_tp": ("transformer", dict(batch_size=16, seq_len=128, vocab=256, dim=256, heads=8,
                                         layers=8, scan_layers=True), "tp"),
+    # MLP blocks split over "model" by activation constraints (weights left
+    # for the partitioner to place) or written with shard_map (bench/tp_blocks.py).
+    "mlp_tp_constraints": ("tp_blocks", dict(form="constraints"), "as built"),
+    "mlp_tp_shard_map": ("tp_blocks", dict(form="shard_map"), "as built"),
 }
 TPU_CASES = {
     "resnet50_dp_fsdp": ("resnet", dict(batch_size=128, depth=50, image_size=224, abstract=True),
@@ -104,8 +111,8 @@ def run_case(where: str, name: str, budget: float) -> dict[str, Any]:
   import jaxmem
   from jaxmem._src.estimate.targets import get_target
   module, kw, kind = (CPU_CASES if where == "cpu" else TPU_CASES)[name]
+  sys.path.insert(0, str(HERE))
   mod = __import__(module)
-  step, args = mod.build(**kw)
   target = None
   if where == "cpu":
     devices = np.array(jax.devices()[:8])
@@ -120,10 +127,15 @@ def run_case(where: str, name: str, budget: float) -> dict[str, Any]:
 
     def place(a: Any, spec: Any) -> Any:
       return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
-    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
   names = ("data",) if kind == "fsdp" else ("data", "model")
   mesh = jax.sharding.Mesh(devices.reshape(mesh_shape), names)
-  args = _layout(kind, args, mesh, place)
+  if kind == "as built":     # the step places its own arguments over the mesh
+    step, args = mod.build(mesh, **kw)
+  else:
+    step, args = mod.build(**kw)
+    if where != "cpu":
+      args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    args = _layout(kind, args, mesh, place)
   row: dict[str, Any] = dict(where=where, case=name, mesh=dict(mesh.shape), budget=budget)
   t0 = time.perf_counter()
   cmp = jaxmem.compare(step, *args, target=target, verbose=False)

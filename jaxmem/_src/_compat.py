@@ -274,6 +274,20 @@ def sharding_of(x: object) -> jax.sharding.Sharding | None:
   return s if isinstance(s, jax.sharding.Sharding) else None
 
 
+def is_committed(x: object) -> bool:
+  """Whether ``jax.jit`` must keep argument ``x`` where it is.
+
+  A committed ``jax.Array`` (placed with ``jax.device_put`` to a sharding or
+  device) and a ``ShapeDtypeStruct`` with a sharding are kept; numpy arrays,
+  scalars, uncommitted arrays (results of computations on the default
+  device) and shape-only arguments without a sharding are placed by the
+  compiler.
+  """
+  if isinstance(x, jax.Array):
+    return bool(getattr(x, "_committed", True))
+  return sharding_of(x) is not None
+
+
 def sharding_num_devices(sharding: jax.sharding.Sharding) -> int:
   """How many devices ``sharding`` spreads over (1 for a single device)."""
   mesh = getattr(sharding, "mesh", None)
@@ -384,6 +398,14 @@ def shard_map_mesh(eqn: JaxprEqn) -> Any | None:
   if eqn.primitive.name != "shard_map":
     return None
   return eqn.params.get("mesh")
+
+
+def shard_map_body(eqn: JaxprEqn) -> Jaxpr | None:
+  """The per-device body of a ``shard_map`` equation (None for other primitives)."""
+  if eqn.primitive.name != "shard_map":
+    return None
+  body = eqn.params.get("jaxpr")
+  return getattr(body, "jaxpr", body)
 
 
 def shard_map_out_counts(eqn: JaxprEqn) -> list[tuple[int, ...]] | None:

@@ -51,6 +51,8 @@ class AnalyzedProgram(Program):
     donation_copies: donated arguments XLA copies before updating them in
       place, and the op that updates each
       (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
+    forwards: per op, its results that store nothing of their own
+      (:func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
   """
   profile: Profile
   memory: tuple[OpMemory, ...]
@@ -64,6 +66,7 @@ class AnalyzedProgram(Program):
   rematerializable: tuple[bool, ...]
   operand_fusions: tuple[bool, ...]
   donation_copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
+  forwards: tuple[xla_model.Forwards, ...] = ()
 
   @property
   def peak_bytes(self) -> int:
@@ -95,8 +98,9 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   movable = xla_model.movable_ops(program)
   fusing = xla_model.operand_fusions(program)
   copies = xla_model.donation_copies(program)
+  forwards = xla_model.shard_map_forwards(program)
   profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing,
-                                     copies))[0]
+                                     copies, forwards))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -112,13 +116,13 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
                          fused=fused, rematerializable=remat, operand_fusions=fusing,
-                         donation_copies=copies)
+                         donation_copies=copies, forwards=forwards)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
                     movable: tuple[bool, ...], fusing: tuple[bool, ...],
-                    copies: Mapping[int, int]) -> Flow:
+                    copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...]) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   return Flow(
@@ -135,7 +139,9 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]
                     for op, m in zip(program.ops, memory)],
       movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program),
-      fuses_operands=fusing, copies=copies)
+      fuses_operands=fusing, copies=copies,
+      forwarded={op.outputs[k]: tuple(op.inputs[p] for p in ins) + tuple(op.outputs[j] for j in outs)
+                 for op, fw in zip(program.ops, forwards) for k, ins, outs in fw})
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

@@ -112,6 +112,10 @@ class Flow:
     copies: ``{value id: step}``: a donated argument XLA copies at the start
       before writing its new value in place, the copy live until that step
       (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
+    forwarded: ``{value id: source value ids}``: values that store nothing of
+      their own, their sources living as long as they do (a ``shard_map``
+      result that is its argument's buffer, or fused into its readers:
+      :func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -130,6 +134,7 @@ class Flow:
   on_chip: int = 0
   fuses_operands: Sequence[bool] | None = None
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
+  forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -244,6 +249,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
       if o in flow.materialized or not consumers[o]:
+        continue
+      if o in flow.forwarded:
+        virtual[o] = True
+        for x in flow.forwarded[o]:
+          end[x] = max(end[x], end[o])
         continue
       if kind is Fusion.VIEW and flow.step_inputs[s]:
         pass                                          # a bitcast: always an alias

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from jaxmem._src import _compat
 from jaxmem._src.ir import primitives
-from jaxmem._src.ir.primitives import Body
+from jaxmem._src.ir.primitives import Body, Fusion
 
 # Inner peaks of equations already walked, by ``id(eqn)``; the equation is kept
 # in the value so that its id cannot be reused while the memo lives.
@@ -118,8 +118,9 @@ def inner_working_bytes(eqn: _compat.JaxprEqn, memo: Memo | None = None) -> int:
   if memo is not None and id(eqn) in memo:
     return memo[id(eqn)][1]
   best = 0
+  fused = eqn.primitive.name == "shard_map"
   for jaxpr in _compat.sub_jaxprs(eqn):
-    best = max(best, peak_minus_io(jaxpr, memo))
+    best = max(best, peak_minus_io(jaxpr, memo, fused=fused))
   if memo is not None:
     memo[id(eqn)] = (eqn, best)
   return best
@@ -178,15 +179,26 @@ def _last_uses(steps: list[_Step]) -> dict[_Key, int]:
   return last
 
 
-def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:
+def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None, *, fused: bool = False) -> int:
   """Peak bytes made inside one evaluation of ``jaxpr`` beyond its inputs.
 
   The jaxpr's own inputs are not counted (the enclosing op holds them); a
   result it returns is counted while it is made and while later equations
   read it (the enclosing op's own outputs are counted by the program), so
   this is the body's working set on top of the op's operands and results.
+
+  ``fused``: the body is inlined into the step and fused like the rest of it
+  (a ``shard_map``'s): an elementwise value read only by elementwise ops
+  (and not returned) is fused into its readers and stores nothing, its
+  operands living until its readers' last one instead. Measured on the
+  backward body of tensor-parallel MLP blocks written with ``shard_map`` (4
+  CPU devices): ``g * d + g * d * c`` counted as three stored values made
+  the estimate +29% of the compiled peak. Loop and ``cond`` bodies keep the
+  plain count: their working sets were measured and calibrated without it.
   """
-  steps, _ = _flatten(jaxpr)
+  steps, results = _flatten(jaxpr)
+  if fused:
+    steps = _fuse_elementwise(steps, {k for k in results if k is not None})
   last = _last_uses(steps)
   made: dict[_Key, int] = {}       # bytes of the live values made inside
   live = 0
@@ -203,6 +215,39 @@ def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:
     for key in {k for k in ins if k is not None and last[k] == i and k in made}:
       live -= made.pop(key)
   return max(0, peak)
+
+
+def _fuse_elementwise(steps: list[_Step], returned: set[_Key]) -> list[_Step]:
+  """``steps`` with every fusible elementwise value made free and read through.
+
+  A fused value's step makes it with 0 bytes; each reader of it reads the
+  fused value's own operands as well, so they live as long as it is read.
+  """
+  readers: dict[_Key, list[int]] = {}
+  for i, (_, ins, _) in enumerate(steps):
+    for k in ins:
+      if k is not None:
+        readers.setdefault(k, []).append(i)
+  fusible = primitives.FUSIBLE_CONSUMERS
+  free: dict[_Key, list[_Key]] = {}      # fused value -> what its readers read in its place
+  out: list[_Step] = list(steps)
+  for i, (e, ins, outs) in enumerate(steps):
+    facts = primitives.facts(e.primitive.name)
+    if (not facts.elementwise or facts.fusion not in (Fusion.CHEAP, Fusion.EXPENSIVE)
+        or len(outs) != 1):
+      continue
+    key = outs[0][0]
+    rs = readers.get(key, [])
+    if (not rs or key in returned or (facts.fusion is Fusion.EXPENSIVE and len(set(rs)) > 1)
+        or not all(primitives.facts(steps[r][0].primitive.name).fusion in fusible
+                   and primitives.facts(steps[r][0].primitive.name).elementwise for r in rs)):
+      continue
+    free[key] = [y for k in ins if k is not None for y in free.get(k, [k])]
+    out[i] = (e, ins, [(key, 0, outs[0][2])])
+  if not free:
+    return out
+  return [(e, [y for k in ins for y in ([k] if k is None else free.get(k, [k]))], outs)
+          for e, ins, outs in out]
 
 
 def live_peak(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:

@@ -219,8 +219,33 @@ class Schedule:
                           frozenset(hoist), shared, movable, cse,
                           xla_model.on_chip_bytes(prog),
                           [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
-                          _copy_steps(prog.donation_copies, self.steps))
+                          _copy_steps(prog.donation_copies, self.steps),
+                          self._forwarded())
     return lifetimes.estimate(flow)[0]
+
+  def _forwarded(self) -> dict[int, tuple[int, ...]]:
+    """:attr:`~jaxmem._src.estimate.lifetimes.Flow.forwarded` of the schedule's values.
+
+    A ``shard_map`` result that stores nothing of its own in the unplanned
+    program stores nothing here either, unless a step of the plan (an
+    offload, a pin) reads it: that step needs it stored.
+    """
+    forwards = self.program.forwards
+    if not any(forwards):
+      return {}
+    planned_readers = {x for st in self.steps if st.kind is not StepKind.COMPUTE
+                       for x in st.inputs if isinstance(x, int)}
+    out: dict[int, tuple[int, ...]] = {}
+    for st in self.steps:
+      if st.kind is not StepKind.COMPUTE or st.recompute or not forwards[st.op]:
+        continue
+      for k, ins, outs in forwards[st.op]:
+        o = st.outputs[k]
+        if o in planned_readers:
+          continue
+        out[o] = (tuple(x for x in (st.inputs[p] for p in ins) if isinstance(x, int))
+                  + tuple(st.outputs[j] for j in outs))
+    return out
 
   def anchor_of(self, index: int) -> float:
     return self.steps[index].anchor if index < len(self.steps) else float(self.program.num_ops)
