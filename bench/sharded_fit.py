@@ -219,8 +219,14 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                  f"{r.get('results', 'not run (shape-only)')} |")
     else:
       unpl = f"{r['unplanned_mib']:.1f} MiB" if "unplanned_mib" in r else ""
-      out.append(f"| {r['where']} | {r['case']} | {mesh} | {unpl} | {est} | "
-                 f"**not fitted**: {r.get('error', '')} | | | | |")
+      if "floor_mib" in r:      # an honest BudgetError: the smallest peak reachable
+        why = (f"`BudgetError`: smallest reachable {r['floor_mib']:.1f} MiB "
+               f"({r['floor_mib'] / r['unplanned_mib']:.2f})")
+      else:
+        why = f"**not fitted**: {r.get('error', '')}"
+      out.append(f"| {r['where']} | {r['case']} | {mesh} | {unpl} | {est} | {why} | | | "
+                 f"{r['fit_s']:.0f} s | |" if "fit_s" in r else
+                 f"| {r['where']} | {r['case']} | {mesh} | {unpl} | {est} | {why} | | | | |")
   return "\n".join(out) + "\n"
 
 
