@@ -312,3 +312,25 @@ print(json.dumps(measure(mapped, placed)))
 """)
   assert out["est_args"] == out["args"], out
   assert abs(out["err"]) <= 0.25, out
+
+
+def test_broadcasting_product_keeps_the_split_of_its_full_size_dimensions():
+  # LayerNorm's `rsqrt(var)[B, L, 1] * scale[1, 1, D]`: no operand has the
+  # result's shape; jax broadcasts size-1 dimensions. The batch dimension is
+  # split as `var`'s is, so the [B, L, D] product is a quarter per device.
+  out = _run("""
+mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
+
+def step(scale, x):
+  def loss(scale):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    y = (x - mean) * (jax.lax.rsqrt(var + 1e-6) * scale[None, None, :])
+    return jnp.sum(y * y)
+  return scale - 0.1 * jax.grad(loss)(scale)
+
+x = jax.device_put(jnp.ones((64, 16, 32)), NamedSharding(mesh, P("d")))
+prog = jaxmem.analyze(step, jnp.ones((32,)), x)
+print(json.dumps({"full": by_shape(prog, (64, 16, 32))}))
+""")
+  assert out["full"] == [[64 * 16 * 32 * 4 // 4, 64 * 16 * 32 * 4]], out

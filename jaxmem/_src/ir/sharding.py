@@ -137,6 +137,12 @@ def _rule(*names: str) -> Callable[[Rule], Rule]:
 def _elementwise(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Counts]:
   # Operands of the result's shape (scalars and literals broadcast): the most
   # sharded one decides; the partitioner reshards the others to match it.
+  # Where none has it (jax broadcasts size-1 dimensions: LayerNorm's
+  # ``rsqrt(var)[B, L, 1] * scale[1, 1, D]``), each dimension keeps the split
+  # of the operands that have it at full size. Counted whole, such a product
+  # looked larger than the activations it scales, which hid the broadcasts
+  # XLA:CPU stores for it (a tensor-parallel GPT on 8 CPU devices: estimate
+  # -10.9% of the compiled peak).
   outs = []
   for v in eqn.outvars:
     shape = _shape(v.aval)
@@ -144,6 +150,16 @@ def _elementwise(eqn: _compat.JaxprEqn, ins: list[Counts], n: int) -> list[Count
     for x, c in zip(eqn.invars, ins):
       if _shape(x.aval) == shape and math.prod(c) > math.prod(best):
         best = c
+    if math.prod(best) == 1:
+      per_dim = [1] * len(shape)
+      for x, c in zip(eqn.invars, ins):
+        xs = _shape(x.aval)
+        if len(xs) == len(shape) and len(c) == len(shape):
+          for d, (a, b) in enumerate(zip(xs, shape)):
+            if a == b > 1:
+              per_dim[d] = max(per_dim[d], c[d])
+      if math.prod(per_dim) <= n:
+        best = tuple(per_dim)
     outs.append(best)
   return outs
 
