@@ -51,6 +51,8 @@ class AnalyzedProgram(Program):
     donation_copies: donated arguments XLA copies before updating them in
       place, and the op that updates each
       (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
+    epilogues: per op, whether the compiler fuses it into its elementwise
+      epilogue (:func:`~jaxmem._src.estimate.xla_model.epilogue_fusions`).
     forwards: per op, its results that store nothing of their own
       (:func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
   """
@@ -67,6 +69,7 @@ class AnalyzedProgram(Program):
   operand_fusions: tuple[bool, ...]
   donation_copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwards: tuple[xla_model.Forwards, ...] = ()
+  epilogues: tuple[bool, ...] = ()
 
   @property
   def peak_bytes(self) -> int:
@@ -99,8 +102,10 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   fusing = xla_model.operand_fusions(program)
   copies = xla_model.donation_copies(program)
   forwards = xla_model.shard_map_forwards(program)
-  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing,
-                                     copies, forwards))[0]
+  epilogues = xla_model.epilogue_fusions(program)
+  profile = estimate(dataclasses.replace(
+      _unplanned_flow(program, memory, keys, hoisted, movable, fusing, copies, forwards),
+      epilogues=epilogues))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -116,7 +121,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
                          fused=fused, rematerializable=remat, operand_fusions=fusing,
-                         donation_copies=copies, forwards=forwards)
+                         donation_copies=copies, forwards=forwards, epilogues=epilogues)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],

@@ -112,6 +112,10 @@ class Flow:
     copies: ``{value id: step}``: a donated argument XLA copies at the start
       before writing its new value in place, the copy live until that step
       (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
+    epilogues: per step, whether the compiler may fuse the step into its
+      elementwise consumer, storing only the consumer's result (XLA:CPU's
+      YNNPACK dot fusions: see
+      :func:`~jaxmem._src.estimate.xla_model.epilogue_fusions`).
     forwarded: ``{value id: source value ids}``: values that store nothing of
       their own, their sources living as long as they do (a ``shard_map``
       result that is its argument's buffer, or fused into its readers:
@@ -135,6 +139,7 @@ class Flow:
   fuses_operands: Sequence[bool] | None = None
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+  epilogues: Sequence[bool] | None = None
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -224,6 +229,32 @@ def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int
   return out
 
 
+def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: np.ndarray,
+                             o: int) -> bool:
+  """Whether ``o``'s only reader starts a chain of cheap elementwise steps whose result is stored.
+
+  Such a chain is an epilogue the compiler fuses into the step that makes
+  ``o`` (a matmul and the ``- 2 x.c + |c|^2`` around it): the chain's result
+  is the one buffer stored, and ``o`` is never written on its own. A chain
+  through a value fused elsewhere, or a reader that is not a cheap
+  elementwise step of ``o``'s size, stores ``o``.
+  """
+  x = o
+  for _ in range(64):                     # chains are short; bound the walk
+    cs = consumers[x]
+    if len(cs) != 1:
+      return False
+    c = cs[0]
+    if flow.step_kind[c] is not Fusion.CHEAP or len(flow.step_outputs[c]) != 1:
+      return False
+    x = flow.step_outputs[c][0]
+    if flow.nbytes[x] != flow.nbytes[o]:
+      return False
+    if not virtual[x]:
+      return bool(consumers[x]) or x in flow.materialized
+  return False
+
+
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   """Live-bytes profile of a :class:`Flow` under the XLA model.
 
@@ -265,7 +296,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
           continue
         if Fusion.REDUCE in ckinds and len(ckinds) > 1:
           continue        # XLA does not duplicate a producer into a reduction
-      else:
+      elif not (flow.epilogues and flow.epilogues[s]
+                and _ends_in_stored_epilogue(flow, consumers, virtual, o)):
         continue
       virtual[o] = True
       for x in flow.step_inputs[s]:

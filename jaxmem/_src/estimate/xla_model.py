@@ -546,6 +546,24 @@ def _every_reader_fuses(program: Program, vid: int) -> bool:
   return True
 
 
+def epilogue_fusions(program: Program) -> tuple[bool, ...]:
+  """Per op, whether the compiler fuses it into an elementwise epilogue that reads it alone.
+
+  XLA:CPU hands a matmul to a YNNPACK fusion together with the cheap
+  elementwise ops that follow it: in a K-means step,
+  ``|x|^2 - 2 x @ c.T + |c|^2`` is one ``ynn_fusion`` whose only stored
+  result is the distances, not the product (measured: an estimate of +67% of
+  the compiled peak, one ``[n, k]`` buffer counted twice). The lifetime
+  estimator applies it where the matmul's only reader starts a chain of
+  cheap elementwise ops whose result is stored
+  (:func:`~jaxmem._src.estimate.lifetimes.estimate`). Other compilers, and
+  convolutions, keep the product.
+  """
+  if program.backend != "cpu":
+    return (False,) * program.num_ops
+  return tuple(op.primitive == "dot_general" for op in program.ops)
+
+
 def on_chip_bytes(program: Program) -> int:
   """Temporaries the target's compiler keeps on chip, off the device-memory peak (TPU VMEM).
 
@@ -564,5 +582,5 @@ def on_chip_bytes(program: Program) -> int:
 
 __all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes",
            "donation_copies", "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
-           "op_fusion_kind", "op_memory_model", "shard_map_forwards", "op_memory_models", "operand_fusions",
+           "op_fusion_kind", "op_memory_model", "shard_map_forwards", "epilogue_fusions", "op_memory_models", "operand_fusions",
            "shared_broadcasts", "stored_broadcast_spans"]

@@ -220,7 +220,9 @@ class Schedule:
                           xla_model.on_chip_bytes(prog),
                           [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
                           _copy_steps(prog.donation_copies, self.steps),
-                          self._forwarded())
+                          self._forwarded(),
+                          [st.kind is StepKind.COMPUTE and prog.epilogues[st.op]
+                           for st in self.steps] if prog.epilogues else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
