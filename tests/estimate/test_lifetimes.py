@@ -163,3 +163,46 @@ def test_estimate_is_a_pure_function_of_the_flow():
   a, b = estimate(flow)[0], estimate(flow)[0]
   np.testing.assert_array_equal(a.live_bytes, b.live_bytes)
   assert a.intervals == b.intervals
+
+
+def test_a_matmul_fused_into_its_stored_epilogue_stores_nothing_of_its_own():
+  # x (arg 0) -> d = matmul(x) (1) -> e = cheap(d) (2) -> f = cheap(e) (3),
+  # read by two reductions (4, 5): f is stored, e is fused into f. With the
+  # matmul fusing into its epilogue, d is not written either: one [n, k]
+  # buffer (8 B here), not two.
+  kinds = [M, C, C, R, R]
+  ins, outs = [[0], [1], [2], [3], [3]], [[1], [2], [3], [4], [5]]
+  nbytes = [4, 8, 8, 8, 1, 1]
+  plain = _flow(kinds, ins, outs, nbytes, materialized=[0, 4, 5])
+  _, virtual = estimate(plain)
+  assert virtual.tolist() == [False, False, True, False, False, False]
+  fused = dataclasses.replace(plain, epilogues=[True] + [False] * 4)
+  prof, virtual = estimate(fused)
+  assert virtual.tolist() == [False, True, True, False, False, False]
+  # Step 2 makes f from d (e fused): x, d and f live together without the
+  # epilogue fusion; with it, the peak is at step 4: x, f and both results.
+  assert estimate(plain)[0].peak_bytes == 4 + 8 + 8
+  assert prof.peak_bytes == 4 + 8 + 1 + 1
+
+
+def test_a_matmul_read_twice_or_by_a_fused_chain_keeps_its_result():
+  # d read by a cheap step and by a second matmul: its result is stored.
+  kinds = [M, C, M]
+  flow = _flow(kinds, [[0], [1], [1]], [[1], [2], [3]], [4, 8, 8, 8], materialized=[0, 2, 3],
+               epilogues=[True, False, False])
+  assert not estimate(flow)[1][1]
+  # d's only reader is fused further into a reduction (nothing stored at the
+  # chain's end): d stays the stored buffer the chain reads.
+  flow = _flow([M, C, R], [[0], [1], [2]], [[1], [2], [3]], [4, 8, 8, 1], materialized=[0, 3],
+               epilogues=[True, False, False])
+  assert estimate(flow)[1].tolist() == [False, False, True, False]
+
+
+def test_a_forwarded_value_stores_nothing_and_keeps_its_sources_alive():
+  # a shard_map (step 0) returns r (1), its argument x (0) passed through,
+  # read at step 2: r stores nothing, and x lives until step 2.
+  flow = _flow([M, M, M], [[0], [2], [1]], [[1, 2], [3], [4]], [4, 4, 2, 2, 2],
+               materialized=[4], forwarded={1: (0,)})
+  prof, virtual = estimate(flow)
+  assert virtual[1] and not virtual[0]
+  assert prof.intervals[0][1] >= 2
