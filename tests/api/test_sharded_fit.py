@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 _PRELUDE = f"""
 import json, sys
@@ -55,6 +56,13 @@ def _run(body: str) -> dict:
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
+
+# Tensor-parallel MLP blocks written with constraints or shard_map, 2 x 4 mesh.
+_TP_BLOCKS = f"""
+sys.path.insert(0, {str(BENCH)!r})
+import tp_blocks
+mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+"""
 
 # Data parallel + FSDP: the batch and every kernel (and its adam moments)
 # split 8 ways over one axis, along its first dimension that divides evenly.
@@ -148,32 +156,12 @@ print(json.dumps(report(jaxmem.fit(0.5)(step), args)))
 
 
 def test_shard_map_tensor_parallel_step_fits_bit_identical():
-  # Megatron MLP blocks written with `jax.shard_map` (a psum over "model"):
-  # the plan's ops stay outside the shard_map bodies and act on their
-  # results and residuals, each device on its shard.
-  out = _run("""
-mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-
-def tp_mlp(w1, w2, x):
-  def body(w1, w2, x):
-    return jax.lax.psum(jnp.tanh(x @ w1) @ w2, "model")
-  return jax.shard_map(body, mesh=mesh, in_specs=(P(None, "model"), P("model", None), P("data")),
-                       out_specs=P("data"))(w1, w2, x)
-
-def step(ws, x):
-  def loss(ws):
-    h = x
-    for w1, w2 in ws:
-      h = jnp.tanh(tp_mlp(w1, w2, h))
-    return jnp.sum(h * h)
-  return jax.tree.map(lambda a, b: a - 0.01 * b, ws, jax.grad(loss)(ws))
-
-k = jax.random.PRNGKey(0)
-ws = [(jax.device_put(jax.random.normal(k, (256, 1024)) * 0.05, NamedSharding(mesh, P(None, "model"))),
-       jax.device_put(jax.random.normal(k, (1024, 256)) * 0.05, NamedSharding(mesh, P("model"))))
-      for _ in range(6)]
-x = jax.device_put(jax.random.normal(k, (4096, 256)), NamedSharding(mesh, P("data")))
-print(json.dumps(report(jaxmem.fit(0.55)(step), (ws, x))))
+  # Megatron MLP blocks written with `jax.shard_map` (a psum over "model";
+  # bench/tp_blocks.py): the plan's ops stay outside the shard_map bodies and
+  # act on their results and residuals, each device on its shard.
+  out = _run(_TP_BLOCKS + """
+step, args = tp_blocks.build(mesh, "shard_map")
+print(json.dumps(report(jaxmem.fit(0.55)(step), args)))
 """)
   assert out["peak"] <= out["budget"] < out["unplanned"], out
   assert all(out["same"]), out
@@ -237,28 +225,13 @@ except jaxmem.BudgetError as e:
 
 def test_with_sharding_constraint_tensor_parallel_step_fits_bit_identical():
   # Tensor parallelism written as constraints on the activations (the batch
-  # over "data", the hidden units over "model"); the partitioner splits the
-  # weights' uses to match. The estimate follows the constraints backwards to
-  # the values they constrain (`ir/sharding.py`).
-  out = _run("""
-mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-hidden, rows = NamedSharding(mesh, P("data", "model")), NamedSharding(mesh, P("data", None))
-
-def step(ws, x):
-  def loss(ws):
-    h = x
-    for w1, w2 in ws:
-      a = jax.lax.with_sharding_constraint(jnp.tanh(h @ w1), hidden)
-      h = jax.lax.with_sharding_constraint(jnp.tanh(a @ w2), rows)
-    return jnp.sum(h * h)
-  return jax.tree.map(lambda a, b: a - 0.01 * b, ws, jax.grad(loss)(ws))
-
-k = jax.random.PRNGKey(0)
-ws = [(jax.random.normal(k, (256, 1024)) * 0.05, jax.random.normal(k, (1024, 256)) * 0.05)
-      for _ in range(6)]
-x = jax.device_put(jax.random.normal(k, (4096, 256)), rows)
-prog = jaxmem.analyze(step, ws, x)
-r = report(jaxmem.fit(0.5)(step), (ws, x))
+  # over "data", the hidden units over "model"; bench/tp_blocks.py); the
+  # partitioner splits the weights' uses to match. The estimate follows the
+  # constraints backwards to the values they constrain (`ir/sharding.py`).
+  out = _run(_TP_BLOCKS + """
+step, args = tp_blocks.build(mesh, "constraints")
+prog = jaxmem.analyze(step, *args)
+r = report(jaxmem.fit(0.5)(step), args)
 # Each [4096, 1024] hidden activation is an eighth of itself on a device.
 r["hidden"] = sorted({(v.nbytes, v.global_nbytes) for v in prog.vars
                       if v.shape == (4096, 1024) and v.role.value == "activation"})

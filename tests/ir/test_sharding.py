@@ -22,6 +22,7 @@ from jaxmem._src import _compat
 from jaxmem._src.ir import sharding
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 _PRELUDE = """
 import json, os
@@ -246,35 +247,16 @@ print(json.dumps({"conv": by_shape(prog, (32, 16, 16, 16)), "pool": by_shape(pro
 
 
 # Megatron MLP blocks on a 2 x 2 mesh (batch over "data", hidden units over
-# "model"), written two ways: constraints on the activations, or shard_map.
-_TP_BLOCKS = """
+# "model"), written two ways (bench/tp_blocks.py): constraints on the
+# activations with unplaced weights, or shard_map with placed ones.
+_TP_BLOCKS = f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+import tp_blocks
 mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-hidden, rows = NamedSharding(mesh, P("data", "model")), NamedSharding(mesh, P("data", None))
-
-def constrained(ws, x):
-  def loss(ws):
-    h = x
-    for w1, w2 in ws:
-      a = jax.lax.with_sharding_constraint(jnp.tanh(h @ w1), hidden)
-      h = jax.lax.with_sharding_constraint(jnp.tanh(a @ w2), rows)
-    return jnp.sum(h * h)
-  return jax.tree.map(lambda a, b: a - 0.01 * b, ws, jax.grad(loss)(ws))
-
-def mapped(ws, x):
-  def block(w1, w2, x):
-    return jax.lax.psum(jnp.tanh(x @ w1) @ w2, "model")
-  def loss(ws):
-    h = x
-    for w1, w2 in ws:
-      h = jnp.tanh(jax.shard_map(block, mesh=mesh, in_specs=(P(None, "model"), P("model", None),
-                                 P("data")), out_specs=P("data"))(w1, w2, h))
-    return jnp.sum(h * h)
-  return jax.tree.map(lambda a, b: a - 0.01 * b, ws, jax.grad(loss)(ws))
-
-k = jax.random.PRNGKey(0)
-ws = [(jax.random.normal(k, (128, 512)) * 0.05, jax.random.normal(k, (512, 128)) * 0.05)
-      for _ in range(4)]
-x = jax.device_put(jax.random.normal(k, (2048, 128)), rows)
+size = dict(blocks=4, batch_size=2048, width=128, hidden=512)
+constrained, (ws, x) = tp_blocks.build(mesh, "constraints", **size)
+mapped, (placed, _) = tp_blocks.build(mesh, "shard_map", **size)
 
 def measure(step, ws):
   prog = jaxmem.analyze(step, ws, x)
@@ -290,8 +272,8 @@ def test_constraint_tensor_parallel_estimate_with_weights_jit_places():
   # rows over "model"). The estimate follows; the constraint itself is no
   # buffer of its own (its operand already has the split it asks for).
   out = _run(_TP_BLOCKS + """
-placed = jax.device_put(ws, NamedSharding(mesh, P()))
-print(json.dumps({"unplaced": measure(constrained, ws), "replicated": measure(constrained, placed)}))
+whole = jax.device_put(ws, NamedSharding(mesh, P()))
+print(json.dumps({"unplaced": measure(constrained, ws), "replicated": measure(constrained, whole)}))
 """)
   for case in ("unplaced", "replicated"):
     assert out[case]["est_args"] == out[case]["args"], out
@@ -306,8 +288,6 @@ def test_shard_map_tensor_parallel_estimate_counts_residuals_xla_stores():
   # stores one of the three. Counted as three stored outputs, the estimate was
   # about twice the compiled peak.
   out = _run(_TP_BLOCKS + """
-placed = [(jax.device_put(w1, NamedSharding(mesh, P(None, "model"))),
-           jax.device_put(w2, NamedSharding(mesh, P("model")))) for w1, w2 in ws]
 print(json.dumps(measure(mapped, placed)))
 """)
   assert out["est_args"] == out["args"], out
