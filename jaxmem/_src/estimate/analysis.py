@@ -103,9 +103,8 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   copies = xla_model.donation_copies(program)
   forwards = xla_model.shard_map_forwards(program)
   epilogues = xla_model.epilogue_fusions(program)
-  profile = estimate(dataclasses.replace(
-      _unplanned_flow(program, memory, keys, hoisted, movable, fusing, copies, forwards),
-      epilogues=epilogues))[0]
+  profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing, copies,
+                                     forwards, epilogues))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -127,7 +126,8 @@ def analyze_program(program: Program) -> AnalyzedProgram:
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
                     movable: tuple[bool, ...], fusing: tuple[bool, ...],
-                    copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...]) -> Flow:
+                    copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...],
+                    epilogues: tuple[bool, ...]) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   return Flow(
@@ -145,8 +145,9 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     for op, m in zip(program.ops, memory)],
       movable=movable, cse_keys=keys, on_chip=xla_model.on_chip_bytes(program),
       fuses_operands=fusing, copies=copies,
-      forwarded={op.outputs[k]: tuple(op.inputs[p] for p in ins) + tuple(op.outputs[j] for j in outs)
-                 for op, fw in zip(program.ops, forwards) for k, ins, outs in fw})
+      forwarded={o: src for op, fw in zip(program.ops, forwards)
+                 for o, src in xla_model.forwarded_values(fw, op.inputs, op.outputs).items()},
+      epilogues=epilogues)
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

@@ -30,6 +30,7 @@ that dominate on the models we measure (XLA:CPU, jax 0.10.2; ``docs/design.md``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -481,16 +482,16 @@ def shard_map_forwards(program: Program) -> tuple[Forwards, ...]:
 
 
 def _forwards_of(program: Program, op: Op, body: _compat.Jaxpr) -> Forwards:
-  # Where each body value comes from: ("in", position), ("out", index) for
-  # another result, or None (computed in the body, stored).
-  origin: dict[Any, tuple[str, int]] = {v: ("in", i) for i, v in enumerate(body.invars)}
+  # The input position each body argument (or its `pvary`) comes from, and
+  # the result index of each returned value.
+  arg_pos: dict[Any, int] = {v: i for i, v in enumerate(body.invars)}
   producer: dict[Any, _compat.JaxprEqn] = {}
   for e in body.eqns:
     for v in e.outvars:
       producer[v] = e
     if (e.primitive.name in _BODY_IDENTITY and len(e.invars) == 1
-        and not isinstance(e.invars[0], _compat.Literal) and e.invars[0] in origin):
-      origin[e.outvars[0]] = origin[e.invars[0]]
+        and not isinstance(e.invars[0], _compat.Literal) and e.invars[0] in arg_pos):
+      arg_pos[e.outvars[0]] = arg_pos[e.invars[0]]
   out_index = {}
   for k, v in enumerate(body.outvars):
     if not isinstance(v, _compat.Literal):
@@ -500,21 +501,20 @@ def _forwards_of(program: Program, op: Op, body: _compat.Jaxpr) -> Forwards:
     vid = op.outputs[k]
     if isinstance(v, _compat.Literal) or program.vars[vid].is_output:
       continue
-    if v in origin and origin[v][0] == "in":
-      pos = origin[v][1]
-      if isinstance(op.inputs[pos], int):
-        forwards.append((k, (pos,), ()))
+    if v in arg_pos:
+      if isinstance(op.inputs[arg_pos[v]], int):
+        forwards.append((k, (arg_pos[v],), ()))
       continue
     e = producer.get(v)
-    if e is None or primitives.facts(e.primitive.name).fusion is not Fusion.CHEAP \
-        or not primitives.facts(e.primitive.name).elementwise:
+    facts = None if e is None else primitives.facts(e.primitive.name)
+    if facts is None or facts.fusion is not Fusion.CHEAP or not facts.elementwise:
       continue
     ins, outs, ok = [], [], True
     for x in e.invars:
       if isinstance(x, _compat.Literal) or not x.aval.shape:
         continue          # literals and scalars (a pvary'd 1.0) cost nothing
-      if x in origin and origin[x][0] == "in" and isinstance(op.inputs[origin[x][1]], int):
-        ins.append(origin[x][1])
+      if x in arg_pos and isinstance(op.inputs[arg_pos[x]], int):
+        ins.append(arg_pos[x])
       elif x in out_index and out_index[x] != k:
         outs.append(out_index[x])
       else:
@@ -522,6 +522,17 @@ def _forwards_of(program: Program, op: Op, body: _compat.Jaxpr) -> Forwards:
     if ok and _every_reader_fuses(program, vid):
       forwards.append((k, tuple(ins), tuple(outs)))
   return tuple(forwards)
+
+
+def forwarded_values(forwards: Forwards, inputs: Sequence[Any],
+                     outputs: Sequence[int]) -> dict[int, tuple[int, ...]]:
+  """One op's :data:`Forwards` as ``{result id: source ids}`` (``Flow.forwarded``).
+
+  ``inputs`` and ``outputs`` are the op's operand and result ids, in the
+  unplanned program or in a schedule's step.
+  """
+  return {outputs[k]: tuple(inputs[p] for p in ins) + tuple(outputs[j] for j in outs)
+          for k, ins, outs in forwards}
 
 
 def _every_reader_fuses(program: Program, vid: int) -> bool:
@@ -609,5 +620,5 @@ def on_chip_bytes(program: Program) -> int:
 
 __all__ = ["CseKey", "OpMemory", "cse_keys", "hidden_bytes",
            "donation_copies", "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
-           "op_fusion_kind", "op_memory_model", "shard_map_forwards", "epilogue_fusions", "op_memory_models", "operand_fusions",
+           "op_fusion_kind", "op_memory_model", "shard_map_forwards", "forwarded_values", "epilogue_fusions", "op_memory_models", "operand_fusions",
            "shared_broadcasts", "stored_broadcast_spans"]

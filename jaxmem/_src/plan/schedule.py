@@ -241,12 +241,8 @@ class Schedule:
     for st in self.steps:
       if st.kind is not StepKind.COMPUTE or st.recompute or not forwards[st.op]:
         continue
-      for k, ins, outs in forwards[st.op]:
-        o = st.outputs[k]
-        if o in planned_readers:
-          continue
-        out[o] = (tuple(x for x in (st.inputs[p] for p in ins) if isinstance(x, int))
-                  + tuple(st.outputs[j] for j in outs))
+      out.update((o, src) for o, src in xla_model.forwarded_values(
+          forwards[st.op], st.inputs, st.outputs).items() if o not in planned_readers)
     return out
 
   def anchor_of(self, index: int) -> float:
