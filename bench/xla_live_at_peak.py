@@ -14,7 +14,8 @@ Run: ``python bench/xla_live_at_peak.py examples/transformer.py:build --kw batch
 (libtpu honours ``--xla_dump_to``; only buffers in HBM, memory color 0, count:
 VMEM and SMEM are on chip). ``--planner P --budget F`` compiles the step
 planned by ``P`` for ``F`` of the estimated peak (with the target's default
-backend) instead of plain ``jax.jit``, to see what a plan leaves at the peak.
+backend) instead of plain ``jax.jit``, to see what a plan leaves at the peak;
+jaxmem's side is then the plan's schedule (``Plan.schedule().profile()``).
 
 The dump format is XLA's debug output, not an API: this is a diagnosis tool
 for developers, not part of the package.
@@ -210,12 +211,25 @@ def main() -> None:
     by_module[module_of(meta) or "(no metadata)"] += v["size"]
     by_op[meta.rsplit("/", 1)[-1] or "(no metadata)"] += v["size"]
 
-  prof = prog.profile
+  # jaxmem's side: the plan's schedule when a planner was given, else the
+  # unplanned program's profile.
   ours: dict[str, int] = collections.Counter()
-  for vid, b in zip(prof.holders, prof.holder_bytes):
-    v = prog.vars[vid]
-    if not v.is_input and not v.is_output:
-      ours[v.name or "(top level)"] += b
+  if args.planner is not None:
+    sched = plan.schedule()
+    prof = sched.profile()
+    for vid, b in zip(prof.holders, prof.holder_bytes):
+      var = sched.value_var[vid]
+      v = prog.vars[var] if var is not None else None
+      if v is None:
+        ours["(copy handles)"] += b
+      elif not v.is_input and not v.is_output:
+        ours[v.name or "(top level)"] += b
+  else:
+    prof = prog.profile
+    for vid, b in zip(prof.holders, prof.holder_bytes):
+      v = prog.vars[vid]
+      if not v.is_input and not v.is_output:
+        ours[v.name or "(top level)"] += b
   hidden = prof.peak_bytes - sum(prof.holder_bytes)
   print(f"jaxmem: estimated peak {format_bytes(prof.peak_bytes)} "
         f"(XLA temporaries outside the jaxpr: {format_bytes(max(hidden, 0))})")

@@ -172,10 +172,11 @@ def test_decorator_form_on_a_user_function():
 def test_batchnorm_cnn_fits_and_needs_the_compiler_fallback_below_that():
   """A BatchNorm CNN fits 0.8 of its peak with XLA's default options, bit-identical.
 
-  Below that, XLA:CPU's YNNPACK avg_pool fusions hoist constant broadcasts that
-  no keep/remat/offload plan removes: the BudgetError says so, and
-  ``compiler_fallback=True`` (no YNNPACK fusions) reaches 0.7. The fallback
-  step is then compared with `jax.jit` under the same XLA options."""
+  Below about 0.68, XLA:CPU's YNNPACK avg_pool fusions hoist constant
+  broadcasts that no keep/remat/offload plan removes: the BudgetError says so,
+  and ``compiler_fallback=True`` (no YNNPACK fusions) reaches 0.65 (its floor
+  is about 0.63). The fallback step is then compared with `jax.jit` under the
+  same XLA options."""
   step, args = make_bn_cnn()
   plain = jaxmem.fit(0.8)(step)
   res = plain.fit_result(*args)
@@ -184,8 +185,8 @@ def test_batchnorm_cnn_fits_and_needs_the_compiler_fallback_below_that():
   for got, want in zip(jax.tree.leaves(plain(*args)), jax.tree.leaves(jax.jit(step)(*args))):
     np.testing.assert_array_equal(got, want)
   with pytest.raises(jaxmem.BudgetError, match="compiler_fallback=True"):
-    jaxmem.fit(0.7)(step).fit_result(*args)
-  fitted = jaxmem.fit(0.7, compiler_fallback=True)(step)
+    jaxmem.fit(0.65)(step).fit_result(*args)
+  fitted = jaxmem.fit(0.65, compiler_fallback=True)(step)
   res = fitted.fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes
   assert res.compiler_options == {"xla_cpu_experimental_ynn_fusion_type": ""}

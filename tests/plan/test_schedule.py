@@ -16,7 +16,7 @@ import jaxmem
 import models
 from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.schedule import (Schedule, StepKind, build_schedule, choose_dep,
-                                       fence_points, window_bytes)
+                                       fence_points, stored_source, window_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +182,44 @@ def test_fences_skip_values_computed_from_constants():
   assert all(not prog.constant_like[x] for x in fenced)
   # An op reading only values computed from constants gets no fence at all.
   assert fence_points(prog, (mask.defined_by,)) == []
+
+
+def test_copies_wait_for_stored_values_only():
+  """A copy ordered after a value XLA fuses away (a transpose, a tanh) would make XLA store it."""
+  def loss(w, x):
+    h = jnp.tanh(x @ w.T)
+    return jnp.sum(jnp.tanh(h @ w) * 2.0)
+
+  prog = jaxmem.analyze(jax.grad(loss), jnp.ones((128, 128)), jnp.ones((512, 128)))
+  virtual = prog.profile.virtual
+  replaced = 0
+  for op in prog.ops:
+    ins = [x for x in op.input_ids() if not prog.vars[x].is_input and not prog.constant_like[x]]
+    if ins and virtual[max(ins, key=lambda x: prog.vars[x].defined_by)]:
+      replaced += 1    # the latest input is fused away: choose_dep must look further
+    dep = choose_dep(prog, op.index, set())
+    assert dep is None or not virtual[dep], prog.ops[prog.vars[dep].defined_by].primitive
+    if dep is not None:
+      assert stored_source(prog, dep) == dep
+  assert replaced
+
+
+def test_a_fenced_argument_is_copied_at_the_program_start_on_the_cpu():
+  """XLA:CPU schedules the copy a fence on an argument needs near the start, not at the fence."""
+  def loss(w, x):
+    w2 = jnp.concatenate([w, w], axis=1)       # computed from the argument alone
+    h = jnp.tanh(x @ w2)
+    return jnp.sum(jnp.tanh(h @ w2.T))
+
+  prog = jaxmem.analyze(jax.grad(loss), jnp.ones((64, 64)), jnp.ones((256, 64)))
+  (cat,) = [op for op in prog.ops if op.primitive == "concatenate" and op.phase.value == "forward"]
+  v = prog.vars[cat.outputs[0]]
+  a, b = min(v.uses), max(v.uses)     # recomputed for its last use
+  assert b - a >= 2
+  sched = build_schedule(prog, [Decision(v.id, Action.REMAT, a, b, (cat.index,), v.nbytes)])
+  (fence,) = [st for st in sched.steps if st.kind is StepKind.FENCE]
+  assert prog.vars[fence.inputs[0]].is_input
+  prof = sched.profile()
+  assert prof.intervals[fence.outputs[0]][0] == 0
+  # Live bytes at the start include the copy.
+  assert prof.live_bytes[0] >= build_schedule(prog, ()).profile().live_bytes[0] + 64 * 64 * 4

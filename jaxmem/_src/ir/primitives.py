@@ -86,6 +86,9 @@ class PrimitiveFacts:
       reads materialized operands and its FLOPs run at the dtype's matmul rate.
     moves_data: a view that writes a new buffer layout (``concatenate``,
       ``pad``, ``stack``): XLA stores it for a library-call consumer.
+    relayout: a view that is not a bitcast of its operand (``transpose``,
+      ``slice``, ``split``): an index remap XLA fuses into its consumers, or
+      writes as a copy of its own for a custom call that reads it.
     ynn_window: on XLA:CPU a YNNPACK fusion takes its elementwise producers
       and their scalar constants as full-size broadcasts (``reduce_window_sum``).
     body: what the jaxprs in its params are (see :class:`Body`).
@@ -100,6 +103,7 @@ class PrimitiveFacts:
   cse: bool = True
   matrix_unit: bool = False
   moves_data: bool = False
+  relayout: bool = False
   ynn_window: bool = False
   body: Body = Body.NONE
   flops: FlopsRule | None = None
@@ -226,6 +230,7 @@ register(_BLOCKS, fusion=Fusion.MATERIALIZED, body=Body.BLOCK)
 register(list(_compat.INLINE_BODIES), fusion=Fusion.MATERIALIZED, body=Body.INLINE)
 register(["dot_general", "conv_general_dilated"], matrix_unit=True)
 register(["concatenate", "pad", "stack"], moves_data=True)
+register(["transpose", "slice", "split", "unstack", "rev", "dynamic_slice"], relayout=True)
 register("reduce_window_sum", ynn_window=True)
 # Effects, random state, callbacks, our own custom calls and control flow: a
 # second run is not the same computation, or not one whose cost is the op's own.

@@ -30,6 +30,7 @@ import numpy as np
 from jaxmem._src import _compat
 from jaxmem._src.estimate import lifetimes, xla_model
 from jaxmem._src.estimate.analysis import AnalyzedProgram
+from jaxmem._src.ir import primitives
 from jaxmem._src.ir.primitives import Fusion
 from jaxmem._src.plan.decisions import Action, Decision
 
@@ -171,6 +172,14 @@ class Schedule:
       start[vid] = 0
     kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
     hoist = set(prog.hoisted)
+    # Values a custom call of the plan reads (an offload, a fetch's or a
+    # fence's ordering operand): XLA hands the call a buffer, so a view
+    # that remaps indices (a transpose, a slice) is written as a copy of its
+    # own instead of being fused into its readers. Measured on an unrolled
+    # LSTM whose fetches waited for a split of a weight gradient: XLA:CPU
+    # stored each slice and the transposed gradient (+1.9 MiB at the peak).
+    custom_read = {x for st in self.steps if st.kind is not StepKind.COMPUTE
+                   for x in st.inputs if isinstance(x, int)}
     for i, st in enumerate(self.steps):
       ins = [x for x in st.inputs if isinstance(x, int)]
       for x in ins:
@@ -184,6 +193,9 @@ class Schedule:
       reads: list[tuple[int, int]] = []
       if st.kind is StepKind.COMPUTE:
         kind, t, h, sh = model[st.op]
+        if (kind is Fusion.VIEW and not custom_read.isdisjoint(st.outputs)
+            and primitives.facts(prog.ops[st.op].primitive).relayout):
+          kind = Fusion.CHEAP      # stored for the custom call, fused into the others
         reads = [(st.inputs[pos], b) for pos, b in sh]  # type: ignore[misc]
         if st.literal_dep is not None:   # fenced literals: created where it stands
           hoist.difference_update(st.outputs)
@@ -195,6 +207,17 @@ class Schedule:
       transient.append(t)
       hoisted.append(h)
       shared.append(reads)
+    if prog.backend == "cpu":
+      # A fenced argument is copied (the fence aliases its operand, which the
+      # caller still owns), and the copy reads nothing but the argument:
+      # XLA:CPU's scheduler runs it near the program start, not at the fence.
+      # Measured on an unrolled LSTM whose recomputed gate-kernel
+      # concatenations were fenced on their kernels: sixteen 144 KiB copies
+      # live from position 67 to their fences at 805 (+2.3 MiB at the peak).
+      args = set(prog.invars)
+      for st in self.steps:
+        if st.kind is StepKind.FENCE and st.inputs[0] in args:
+          start[st.outputs[0]] = 0
     for vid in prog.invars:
       if not prog.freed_at_last_use(vid):
         end[vid] = n
@@ -255,15 +278,50 @@ def choose_dep(program: AnalyzedProgram, before: int, exclude: set[int]) -> int 
   The most recently defined non-argument input of that op which is not itself
   being restored there (typically the incoming gradient); ``None`` means "the
   last value computed so far". Values computed from constants only are never
-  chosen: XLA hoists them to the start, and the copy would follow.
+  chosen: XLA hoists them to the start, and the copy would follow. On the
+  CPU, an input XLA fuses away (a slice, a transpose, an elementwise op) is
+  replaced by the latest stored value it is computed from: our custom call
+  reading it would make XLA store it (:func:`stored_source`). (On a TPU the
+  plan's order is an ``optimization_barrier``, and XLA:TPU, which fuses
+  every elementwise op, would then fetch much earlier: a planned MLP's
+  offloads freed nothing under the scheduler limit.)
   """
   best, best_def = None, -1
   for x in program.ops[before].input_ids():
     v = program.vars[x]
     if x in exclude or v.is_input or program.constant_like[x]:
       continue
-    if v.defined_by > best_def:
-      best, best_def = x, v.defined_by
+    if program.backend == "cpu":
+      x = stored_source(program, x)
+    if x is None or x in exclude:
+      continue
+    if program.vars[x].defined_by > best_def:
+      best, best_def = x, program.vars[x].defined_by
+  return best
+
+
+def stored_source(program: AnalyzedProgram, x: int) -> int | None:
+  """``x`` if XLA stores it, else the latest-defined stored activation it is computed from.
+
+  Values fused away in the unplanned program (``Profile.virtual``) have no
+  buffer; ordering a copy after one would give it one. ``None`` when ``x``
+  comes from arguments and constants only.
+  """
+  virtual = program.profile.virtual
+  if virtual is None or not virtual[x]:
+    return x
+  best, stack, seen = None, [x], {x}
+  while stack:
+    w = stack.pop()
+    for y in program.ops[program.vars[w].defined_by].input_ids():
+      v = program.vars[y]
+      if y in seen or v.is_input or program.constant_like[y]:
+        continue
+      seen.add(y)
+      if virtual[y]:
+        stack.append(y)
+      elif best is None or v.defined_by > program.vars[best].defined_by:
+        best = y
   return best
 
 
@@ -332,7 +390,8 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
     if d.action is Action.OFFLOAD:
       after.setdefault(d.start, []).append(d)
   handles: dict[int, int] = {}
-  last_value: int | None = None
+  last_value: int | None = None    # the last stored value computed (a fallback dep)
+  virtual = program.profile.virtual if program.backend == "cpu" else None
 
   def fresh(var: int | None) -> int:
     value_var.append(var)
@@ -394,8 +453,10 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
         and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES):
       literal_dep = cur[last_value]
     steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i, literal_dep=literal_dep))
-    if op.outputs and not program.constant_like[op.outputs[0]]:
-      last_value = op.outputs[0]
+    stored = [o for o in op.outputs
+              if not program.constant_like[o] and (virtual is None or not virtual[o])]
+    if stored:
+      last_value = stored[0]
     for o in op.outputs:
       if o in pinned_set:
         new = fresh(o)
@@ -533,6 +594,7 @@ def async_copies(sched: Schedule, window: Window = None,
   for i, st in enumerate(steps):
     for o in st.outputs:
       producer[o] = i
+  args = frozenset(sched.program.invars)
 
   def ancestor_dep(value: int | _compat.Literal, r: int, lo: int) -> int | None:
     """The latest stored value at a step in ``(lo, r]`` that ``value`` is computed from.
@@ -574,7 +636,9 @@ def async_copies(sched: Schedule, window: Window = None,
     the next layer's matmul, keeping the source alive over a 32 MiB result).
     Fencing a small stored input of the next compute step on ``token`` makes
     that step wait for it; the fence copies at most ``nbytes // 8`` bytes
-    (an argument, or a value read elsewhere, is copied; see ``fence_points``).
+    (a value read elsewhere is copied; see ``fence_points``). Arguments are
+    not fenced: XLA:CPU makes their copy at the program start
+    (:meth:`Schedule.profile`), which no window budgeted for.
     """
     small = max(nbytes // 8, 1)
     for p in range(q, limit):
@@ -582,7 +646,8 @@ def async_copies(sched: Schedule, window: Window = None,
       if st.kind is not StepKind.COMPUTE:
         continue
       cands = [x for x in st.inputs if isinstance(x, int) and not virtual[x]
-               and sched.value_bytes(x) <= small and x not in renamed.get(p, {})]
+               and x not in args and sched.value_bytes(x) <= small
+               and x not in renamed.get(p, {})]
       if not cands:
         continue
       x = min(cands, key=sched.value_bytes)
