@@ -239,3 +239,44 @@ def test_nested_scans_and_the_users_remat_are_rewritten_bit_identically(kind):
   fitted = jaxmem.fit(0.5)(step)
   assert fitted.fit_result(*args).peak_bytes <= 0.5 * peak(step)
   np.testing.assert_array_equal(fitted(*args), want)
+
+
+def test_a_pair_keeps_some_stacks_on_the_device_and_sends_the_others_out():
+  """`ScanPair.on_device`: kept, staged and recomputed values in one rewrite, bit-identical."""
+  from jaxmem._src.estimate.devices import device_profile
+  from jaxmem._src.ir.scan_remat import traced_step, with_scan_residuals_recomputed
+  from jaxmem._src.planners.scan_policy import scan_frontier
+  step, args = models.scanned_tanh_mlp()
+  closed, pairs, _ = traced_step(step, args)
+  points = scan_frontier(closed.jaxpr, pairs, device_profile("h100-sxm"))
+  pt = max(points, key=lambda p: sum(len(s) for s in p.stacks))
+  (stacks,) = pt.stacks
+  assert len(stacks) >= 2 and sum(b for _, b in stacks) == pt.stacked_bytes
+  keep = next(sid for sid, _ in stacks if isinstance(sid, int))   # one body value stays
+
+  def rewrite(**kw):
+    return jax.jit(with_scan_residuals_recomputed(step, saved=pt.saved, **kw))
+
+  on_device, all_out = rewrite(), rewrite(offload="native")
+  mixed = rewrite(offload="native", on_device=[(keep,)])
+  want = jax.jit(step)(*args)
+  np.testing.assert_array_equal(mixed(*args), want)
+  assert _store_empty()
+  peak = lambda f: jaxmem.compiled_memory(f.lower(*args).compile()).peak_bytes
+  assert peak(all_out) < peak(mixed) < peak(on_device)
+  calls = lambda f: str(jax.make_jaxpr(f)(*args)).count("jaxmem_offload")
+  assert 0 < calls(mixed) < calls(all_out)
+  with pytest.raises(ValueError, match="neither equations of `saved`"):
+    pairs[0].saving(pt.saved[0]).offloading("native").keeping_on_device([10 ** 6])
+
+
+def test_partial_offloads_move_the_fewest_bytes_that_cover_the_excess():
+  from jaxmem._src.api.fit import _partial_offloads
+  from jaxmem._src.estimate.devices import device_profile
+  from jaxmem._src.planners.scan_policy import ScanPolicyPoint
+  pt = ScanPolicyPoint(((1, 2),), 190, 0.0, (((1, 100), (2, 60), (("carry", 0), 30)),))
+  # 80 bytes over, a tenth to spare: 88. {60, 30} moves 90 bytes, {100} 100.
+  ((_, k, keep),) = _partial_offloads([pt], 80, device_profile("h100-sxm"))
+  assert k == 0 and keep == ((1,),)
+  # Nothing to keep: all stacks out is the whole offload, not a partial one.
+  assert _partial_offloads([pt], 170, device_profile("h100-sxm")) == []

@@ -68,8 +68,10 @@ class FitResult:
       either with ``", stacked in host memory"`` on an accelerator target
       or ``", stacked in jaxmem's host store"`` with the ``ffi`` backend
       (what the recomputation reads copied out of device memory one
-      iteration at a time), or ``"staged, stacked in ..."`` (the residuals
-      themselves copied out per iteration and back in the backward scan).
+      iteration at a time; ``"(N of M stacks; the others kept on the
+      device)"`` when only some of them go out), or ``"staged, stacked in
+      ..."`` (the residuals themselves copied out per iteration and back in
+      the backward scan).
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -462,33 +464,38 @@ class Fitted:
       limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
       options = ({} if limit is None
                  else self.target.memory_limit_options(limit, base_mem.peak_bytes))
-      probed: dict[tuple[int, str], _Attempt] = {}
+      probed: dict[tuple[int, str, Any], _Attempt] = {}
 
-      def probe(k: int, offload: str = "") -> _Attempt:
-        if (k, offload) not in probed:
-          fun = with_scan_residuals_recomputed(inner, saved=points[k].saved, offload=offload)
+      def probe(k: int, offload: str = "", on_device: Any = None) -> _Attempt:
+        if (k, offload, on_device) not in probed:
+          fun = with_scan_residuals_recomputed(inner, saved=points[k].saved, offload=offload,
+                                               on_device=on_device)
           prog = analyze_step(fun, dyn, donate_argnums=donate, arg_names=names, target=target)
           plan = Plan(prog, (), budget, prog.peak_bytes, prog.peak_bytes, "none")
           jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
                             backend=self.backend)
           compiled = jitted.lower(*placed).compile()
           tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
-          probed[k, offload] = tried[-1]
+          probed[k, offload, on_device] = tried[-1]
+          where = ""
+          if offload:
+            where = (f", {_stacks_out(points[k], on_device)} of them out of device memory"
+                     if on_device else " out of device memory")
           self._log(f"scan policy {k + 1} of {len(points)}: {points[k].num_saved} body values "
-                    f"kept, stacks {format_bytes(points[k].stacked_bytes)}"
-                    f"{' out of device memory' if offload else ''}, recomputes "
+                    f"kept, stacks {format_bytes(points[k].stacked_bytes)}{where}, recomputes "
                     f"{points[k].recompute_s * 1e3:.2f} ms simulated, compiled "
                     f"{format_bytes(tried[-1].memory.peak_bytes)}")
-        return probed[k, offload]
+        return probed[k, offload, on_device]
 
-      fits = lambda k, offload="": probe(k, offload).memory.peak_bytes <= budget
+      def fits(k: int, offload: str = "", on_device: Any = None) -> bool:
+        return probe(k, offload, on_device).memory.peak_bytes <= budget
       if len(points) < 2:
         return None
       # Without a scheduler limit these compiles do not depend on the budget,
       # and a budget of their peak finds them again: a `BudgetError` may
       # report them (`floors`).
       budget_free = limit is None
-      offload = ""
+      offload, on_device = "", None
       if fits(0):
         lo, hi = 0, len(points) - 1   # the last point recomputes nothing: the step as written
         while hi - lo > 1:
@@ -500,22 +507,35 @@ class Fitted:
         if not out_of_device:
           return None
         # Off the device, the stacks no longer follow the points' order: the
-        # three cheapest in time are compiled in turn.
+        # cheapest in time are compiled in turn, each point with all of its
+        # stacks out or, on one device, with only the stacks that bring it
+        # under the budget out (`_partial_offloads`): kept, staged and
+        # recomputed values in one plan.
         offload = out_of_device
-        by_cost = sorted(range(len(points)), key=lambda k: points[k].recompute_s
-                         + 2 * profile.copy_seconds(points[k].stacked_bytes))[:3]
-        lo = next((k for k in by_cost if fits(k, offload)), None)
-        if lo is None:
+        excess = probe(0).memory.peak_bytes - budget
+        whole = sorted(((points[k].recompute_s
+                         + 2 * profile.copy_seconds(points[k].stacked_bytes), k, None)
+                        for k in range(len(points))), key=lambda c: c[0])[:3]
+        partial = (sorted(_partial_offloads(points, excess, profile), key=lambda c: c[0])[:2]
+                   if program.num_devices == 1 else [])
+        candidates = sorted(whole + partial, key=lambda c: c[0])
+        chosen = next(((k, d) for _, k, d in candidates if fits(k, offload, d)), None)
+        if chosen is None:
           if budget_free:
-            floors.extend(probe(k, offload) for k in by_cost)
+            # Only whole offloads: which stacks a partial one sends out
+            # follows the budget, so a budget of its peak may not find it.
+            floors.extend(probe(k, offload) for _, k, _ in whole)
           return None
-      found = probe(lo, offload)
+        lo, on_device = chosen
+      found = probe(lo, offload, on_device)
       num_values = sum(len(p.residuals) for p in pairs)
       # The body's shapes are global ones under a mesh: bytes only for one device.
       stacked = (f"{format_bytes(points[lo].stacked_bytes)} stacked, "
                  if program.num_devices == 1 else "")
       how = (f"recomputed by cost, {points[lo].num_saved} body values kept ({stacked}"
              f"{num_values} residuals before){_stacked_in(offload)}")
+      if on_device:
+        how += f" ({_stacks_out(points[lo], on_device)} stacks; the others kept on the device)"
       return found, found.plan.program, how
 
     unplanned_program = program
@@ -732,6 +752,54 @@ def _stacked_in(offload: str) -> str:
   if not offload:
     return ""
   return ", stacked in host memory" if offload == MEMORY_KIND else ", stacked in jaxmem's host store"
+
+
+def _stacks_out(point: Any, on_device: Any) -> str:
+  """``"N of M"``: how many of ``point``'s stacks leave device memory when ``on_device`` stay."""
+  total = sum(len(st) for st in point.stacks)
+  kept = sum(1 for st, keep in zip(point.stacks, on_device) for sid, _ in st if sid in keep)
+  return f"{total - kept} of {total}"
+
+
+def _partial_offloads(points: Sequence[Any], excess: int, profile: Any
+                      ) -> list[tuple[float, int, tuple[tuple[Any, ...], ...]]]:
+  """Per frontier point, the cheapest set of its stacks to send out of device memory.
+
+  ``excess``: how far the compiled peak of the point that stacks least (all
+  on the device) is over the budget; point ``k`` is that much over plus what
+  it stacks beyond it. The stacks sent out must cover that, with a tenth to
+  spare for what the estimate misses; the fewest bytes that do (exactly for
+  up to 12 stacks, largest first beyond) are moved. Returns ``(recompute +
+  copy seconds, point, stacks kept on the device per pair)``, only where
+  some stacks stay on the device (all of them out is the whole offload).
+  """
+  out = []
+  for k, pt in enumerate(points):
+    need = int(1.1 * (excess + pt.stacked_bytes - points[0].stacked_bytes))
+    stacks = [(b, p, sid) for p, st in enumerate(pt.stacks) for sid, b in st]
+    if need <= 0 or not stacks or sum(b for b, _, _ in stacks) < need:
+      continue
+    if len(stacks) <= 12:
+      best = None
+      for mask in range(1, 2 ** len(stacks)):
+        moved = sum(b for i, (b, _, _) in enumerate(stacks) if mask >> i & 1)
+        if moved >= need and (best is None or moved < best[0]):
+          best = (moved, mask)
+      moved, mask = best  # type: ignore[misc]
+      sent = {(p, sid) for i, (_, p, sid) in enumerate(stacks) if mask >> i & 1}
+    else:
+      sent, moved = set(), 0
+      for b, p, sid in sorted(stacks, key=lambda t: -t[0]):
+        if moved >= need:
+          break
+        sent.add((p, sid))
+        moved += b
+    if len(sent) == len(stacks):
+      continue
+    keep = tuple(tuple(sid for sid, _ in st if (p, sid) not in sent)
+                 for p, st in enumerate(pt.stacks))
+    out.append((pt.recompute_s + 2 * profile.copy_seconds(moved), k, keep))
+  return out
 
 
 def _stacking_scans(program: Program) -> dict[int, str]:

@@ -31,7 +31,11 @@ is :attr:`ScanPair.offload`: host memory kinds (``jax.device_put`` to
 ``jax.memory.Space.Host``, which XLA:TPU and XLA:GPU honour and XLA:CPU
 erases) or jaxmem's native host store (our ``offload``/``fetch`` FFI calls,
 one per iteration, which any backend with our handlers runs; the forward scan
-then stacks ``uint32[2]`` handles, not data).
+then stacks ``uint32[2]`` handles, not data). The stacks a recomputation
+reads may also go out one by one (:attr:`ScanPair.on_device` keeps the
+others): one plan then keeps, stages and recomputes values of the same body,
+which ``jaxmem.fit`` uses when the point that stacks least does not fit on
+the device but sending only some of its stacks out does.
 
 Departures from the papers: the copies are synchronous within their
 iteration (vDNN overlaps each layer's offload with its computation, and
@@ -103,6 +107,11 @@ class ScanPair:
       a handle per iteration. (Layrub, §3, and the window-based scheduling
       of Hayakawa et al. move per-layer data a layer ahead; here each copy
       runs in its own iteration.)
+    on_device: with ``offload``, the stacks the rewrite adds that stay in
+      device memory all the same, so that a plan keeps some stacks, sends
+      others out and recomputes the rest: equations of ``saved`` (their
+      stacked outputs) and ``("carry", k)`` for the carry that is input
+      ``k`` of the forward body (its stack, where the rewrite adds one).
   """
   forward: int
   backward: int
@@ -111,6 +120,7 @@ class ScanPair:
   offload: str = ""
   choices: tuple[str, ...] = ()
   saved: tuple[int, ...] | None = None
+  on_device: tuple[int | tuple[str, int], ...] = ()
 
   def __post_init__(self) -> None:
     if self.saved is not None and self.save_dots:
@@ -125,6 +135,15 @@ class ScanPair:
     if bad := set(self.choices) - {RECOMPUTE, STAGE, KEEP}:
       raise ValueError(f"`ScanPair.choices`: unknown {sorted(bad)}; each is {RECOMPUTE!r}, "
                        f"{STAGE!r} or {KEEP!r}.")
+    if self.on_device and not self.offload:
+      raise ValueError("`ScanPair.on_device` keeps some stacks in device memory, but `offload` "
+                       "sends none out: pass `offload` too, or leave `on_device` empty.")
+    bad_on = [x for x in self.on_device
+              if not (isinstance(x, int) and self.saved is not None and x in self.saved)
+              and not (isinstance(x, tuple) and len(x) == 2 and x[0] == "carry")]
+    if bad_on:
+      raise ValueError(f"`ScanPair.on_device`: {bad_on} are neither equations of `saved` "
+                       f"({self.saved}) nor ('carry', k) entries.")
     if STAGE in self.choices and not self.offload:
       raise ValueError("`ScanPair.choices` stages residuals but `offload` says nowhere: pass "
                        f"offload={MEMORY_KIND!r} (accelerators) or {NATIVE_STORE!r} (our host "
@@ -161,6 +180,10 @@ class ScanPair:
     """This pair stacking the outputs of these equations of :func:`forward_body` (``saved``)."""
     return dataclasses.replace(self, saved=tuple(sorted(set(int(i) for i in eqns))),
                                save_dots=False)
+
+  def keeping_on_device(self, stacks: Sequence[int | tuple[str, int]]) -> ScanPair:
+    """This pair with ``on_device``: these stacks stay in device memory although others go out."""
+    return dataclasses.replace(self, on_device=tuple(stacks))
 
 
 def _to_host(x: Any) -> Any:
@@ -327,6 +350,7 @@ class _PairPlan:
   num_carry: int
   body: Any                 # the forward body, nested calls inlined (a ClosedJaxpr)
   saved_vars: tuple[Any, ...]   # body values stacked too (`save_dots`, `saved`)
+  saved_out: tuple[bool, ...]   # per saved value: its stack leaves device memory (`offload`)
   slice_jaxpr: Any          # the body cut to the residuals (inputs: `needed`)
   needed: tuple[int, ...]   # inputs of the cut body the slice reads: the body's, then saved
   # For a needed carry input: the forward ys index that already stacks it, or
@@ -349,6 +373,8 @@ class _PairPlan:
     num_ys = len(body.outvars) - num_carry
     used = [False] * num_carry + [j in pair.recomputed for j in range(num_ys)]
     saved_vars: tuple[Any, ...] = ()
+    on_device = set(pair.on_device)
+    goes_out: dict[Any, bool] = {}
     if pair.save_dots:
       needed_part, _ = _compat.dce_jaxpr(body, used)
       saved_vars = tuple(o for e in needed_part.eqns if e.primitive.name == "dot_general"
@@ -359,6 +385,7 @@ class _PairPlan:
                          f"for this forward body; got {pair.saved}.")
       saved_vars = tuple(o for i in pair.saved for o in body.eqns[i].outvars
                          if not isinstance(o, _compat.DropVar))
+      goes_out = {o: i not in on_device for i in pair.saved for o in body.eqns[i].outvars}
 
     def cut_at(saved_vars: tuple[Any, ...]) -> tuple[Any, list[bool]]:
       # The saved values become inputs of the recomputation: the equations
@@ -387,8 +414,13 @@ class _PairPlan:
                               None)
     if len(cut.constvars) != len(body.constvars):
       raise AssertionError("the cut body lost constants")   # dce_jaxpr keeps them
-    return _PairPlan(pair, num_consts, num_carry, closed_body, saved_vars, cut, needed,
+    saved_out = tuple(bool(pair.offload) and goes_out.get(v, True) for v in saved_vars)
+    return _PairPlan(pair, num_consts, num_carry, closed_body, saved_vars, saved_out, cut, needed,
                      carry_stack)
+
+  def carry_out(self, k: int) -> bool:
+    """Whether the stack the rewrite adds for carry input ``k`` leaves device memory."""
+    return bool(self.pair.offload) and ("carry", k) not in self.pair.on_device
 
   def bind_forward(self, eqn: _compat.JaxprEqn,
                    invals: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -406,8 +438,9 @@ class _PairPlan:
       outs = _compat.eval_jaxpr(stacking, body.consts, *args)
       return (outs[:num_carry]
               + [stack(outs[num_carry + j]) if j in staged else outs[num_carry + j] for j in keep]
-              + [stack(args[k]) for k in self.new_carry_stacks]
-              + [stack(o) for o in outs[num_outs:]])
+              + [stack(args[k]) if self.carry_out(k) else args[k]
+                 for k in self.new_carry_stacks]
+              + [stack(o) if out else o for o, out in zip(outs[num_outs:], self.saved_out)])
 
     new = _compat.make_jaxpr(new_body, *_abstract(body.jaxpr.invars))
     with _compat.eqn_context(eqn):   # reports name the user's scan, not this module
@@ -441,7 +474,7 @@ class _PairPlan:
     for k in self.needed:
       if k >= num_inputs:
         source.append(("xs", len(extra_xs)))
-        if where:
+        if self.saved_out[k - num_inputs]:
           on_host[len(extra_xs)] = self.saved_vars[k - num_inputs].aval
         extra_xs.append(saved_stacks[k - num_inputs])
       elif k < self.num_consts:
@@ -452,7 +485,7 @@ class _PairPlan:
         stack = (f_outvals[self.num_carry + j] if j is not None
                  else new_stacks[self.new_carry_stacks.index(k)])
         source.append(("xs", len(extra_xs)))
-        if j is None and where:
+        if j is None and self.carry_out(k):
           on_host[len(extra_xs)] = self.body.jaxpr.invars[k].aval
         extra_xs.append(stack)
       else:
@@ -549,7 +582,8 @@ def traced_step(fun: Callable[..., Any], args: Sequence[Any]
 def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool = False,
                                   offload: bool | str = False,
                                   residuals: str = RECOMPUTE,
-                                  saved: Sequence[Sequence[int]] | None = None
+                                  saved: Sequence[Sequence[int]] | None = None,
+                                  on_device: Sequence[Sequence[int | tuple[str, int]]] | None = None
                                   ) -> Callable[..., Any]:
   """``fun`` whose differentiated scans recompute (or stage) their stacked residuals per iteration.
 
@@ -564,7 +598,9 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
   (``offload`` must say where) instead of recomputing it. ``saved``: per
   pair of :func:`traced_step` (in its order), the equations of the forward
   body whose outputs are stacked for the recomputation (``ScanPair.saved``),
-  instead of ``save_dots``.
+  instead of ``save_dots``. ``on_device``: per pair, with ``offload``, the
+  stacks that stay in device memory (``ScanPair.on_device``), the others
+  leaving it.
 
   The wrapped function traces ``fun`` on its arguments, rewrites the jaxpr
   with :func:`recompute_scan_residuals` and evaluates the result, so it can
@@ -596,6 +632,11 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
       pairs = [p.saving(s) for p, s in zip(pairs, saved)]
     if offload:
       pairs = [p.offloading(MEMORY_KIND if offload is True else offload) for p in pairs]
+    if on_device is not None:
+      if len(on_device) != len(pairs):
+        raise ValueError(f"`with_scan_residuals_recomputed`: `on_device` has {len(on_device)} "
+                         f"entries for {len(pairs)} scan pairs; pass one per pair.")
+      pairs = [p.keeping_on_device(d) for p, d in zip(pairs, on_device)]
     if residuals != RECOMPUTE:
       pairs = [p.with_choices(residuals) for p in pairs]
     rewritten = recompute_scan_residuals(closed, pairs)

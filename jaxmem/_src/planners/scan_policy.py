@@ -61,10 +61,14 @@ class ScanPolicyPoint:
       iterations (saved values and the carries the recomputation starts from).
     recompute_s: the recomputation's time per step on the profile, all
       iterations.
+    stacks: per pair, ``(stack, bytes)`` of every stack the point adds, all
+      iterations: an equation of ``saved`` or ``("carry", k)`` for the carry
+      that is input ``k`` of the forward body (``ScanPair.on_device``).
   """
   saved: tuple[tuple[int, ...], ...]
   stacked_bytes: int
   recompute_s: float
+  stacks: tuple[tuple[tuple[int | tuple[str, int], int], ...], ...] = ()
 
   @property
   def num_saved(self) -> int:
@@ -105,6 +109,16 @@ class _Body:
     self.target_carries = tuple(sorted({carry_pos[id(v)] for v in targets
                                         if id(v) in carry_pos}))
     self.num_eqns = len(body.eqns)
+
+  def stacks(self, saved: frozenset[int]) -> tuple[tuple[int | tuple[str, int], int], ...]:
+    """``(stack, bytes over all iterations)`` of what stacking ``saved`` stacks (:meth:`price`)."""
+    _, _, live = self.price(saved)
+    reads = {j for e in live for j in self.inputs[e]} | set(self.target_eqns)
+    carries = set(self.target_carries).union(*(self.carries[e] for e in live))
+    out: list[tuple[int | tuple[str, int], int]] = [
+        (i, self.out_bytes[i] * self.length) for i in sorted(saved & reads)]
+    out += [(("carry", k), self.carry_bytes[k] * self.length) for k in sorted(carries)]
+    return tuple(out)
 
   def price(self, saved: frozenset[int]) -> tuple[float, int, frozenset[int]]:
     """(recompute seconds, stacked bytes, equations recomputed) of one iteration."""
@@ -161,7 +175,8 @@ def scan_frontier(jaxpr: _compat.Jaxpr, pairs: Sequence[ScanPair],
   def point() -> ScanPolicyPoint:
     return ScanPolicyPoint(tuple(tuple(sorted(s)) for s in saved),
                            sum(b.length * p[1] for b, p in zip(bodies, priced)),
-                           sum(b.length * p[0] for b, p in zip(bodies, priced)))
+                           sum(b.length * p[0] for b, p in zip(bodies, priced)),
+                           tuple(b.stacks(s) for b, s in zip(bodies, saved)))
 
   points = [point()]
   while any(p[0] > 0 for p in priced):
