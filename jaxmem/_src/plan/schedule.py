@@ -279,12 +279,13 @@ def choose_dep(program: AnalyzedProgram, before: int, exclude: set[int]) -> int 
   being restored there (typically the incoming gradient); ``None`` means "the
   last value computed so far". Values computed from constants only are never
   chosen: XLA hoists them to the start, and the copy would follow. On the
-  CPU, an input that is a view XLA fuses away (a slice, a transpose) is
-  replaced by the stored value it views: our custom call reading it would
-  make XLA store it (:func:`stored_source`). (On a TPU the
-  plan's order is an ``optimization_barrier``, and XLA:TPU, which fuses
-  every elementwise op, would then fetch much earlier: a planned MLP's
-  offloads freed nothing under the scheduler limit.)
+  CPU, an input that is a slice or transpose XLA fuses into all its readers
+  is replaced by the stored value it views: our custom call reading it
+  would make XLA store it (:func:`stored_source`). Only on the CPU: a first
+  version of the rule, which also looked through fused elementwise values,
+  made a planned MLP's offloads free nothing on XLA:TPU (whose plans order
+  copies with ``optimization_barrier`` s); the narrower rule was not
+  measured there.
   """
   best, best_def = None, -1
   for x in program.ops[before].input_ids():
