@@ -110,18 +110,8 @@ class _Body:
                                         if id(v) in carry_pos}))
     self.num_eqns = len(body.eqns)
 
-  def stacks(self, saved: frozenset[int]) -> tuple[tuple[int | tuple[str, int], int], ...]:
-    """``(stack, bytes over all iterations)`` of what stacking ``saved`` stacks (:meth:`price`)."""
-    _, _, live = self.price(saved)
-    reads = {j for e in live for j in self.inputs[e]} | set(self.target_eqns)
-    carries = set(self.target_carries).union(*(self.carries[e] for e in live))
-    out: list[tuple[int | tuple[str, int], int]] = [
-        (i, self.out_bytes[i] * self.length) for i in sorted(saved & reads)]
-    out += [(("carry", k), self.carry_bytes[k] * self.length) for k in sorted(carries)]
-    return tuple(out)
-
-  def price(self, saved: frozenset[int]) -> tuple[float, int, frozenset[int]]:
-    """(recompute seconds, stacked bytes, equations recomputed) of one iteration."""
+  def _walk(self, saved: frozenset[int]) -> tuple[set[int], set[int], set[int]]:
+    """(equations recomputed, saved equations they read, carries they read) of one iteration."""
     live: set[int] = set()
     used_saved: set[int] = set()
     carries: set[int] = set(self.target_carries)
@@ -136,6 +126,17 @@ class _Body:
       live.add(i)
       carries.update(self.carries[i])
       stack.extend(self.inputs[i])
+    return live, used_saved, carries
+
+  def stacks(self, saved: frozenset[int]) -> tuple[tuple[int | tuple[str, int], int], ...]:
+    """``(stack, bytes over all iterations)`` of what stacking ``saved`` stacks (:meth:`price`)."""
+    _, used_saved, carries = self._walk(saved)
+    return (tuple((i, self.out_bytes[i] * self.length) for i in sorted(used_saved))
+            + tuple((("carry", k), self.carry_bytes[k] * self.length) for k in sorted(carries)))
+
+  def price(self, saved: frozenset[int]) -> tuple[float, int, frozenset[int]]:
+    """(recompute seconds, stacked bytes, equations recomputed) of one iteration."""
+    live, used_saved, carries = self._walk(saved)
     seconds = sum(self.seconds[i] for i in live)
     stacked = sum(self.out_bytes[i] for i in used_saved) + sum(self.carry_bytes[k]
                                                               for k in carries)
