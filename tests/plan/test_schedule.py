@@ -227,3 +227,33 @@ def test_a_fenced_argument_is_copied_at_the_program_start_on_the_cpu():
   assert prof.intervals[fence.outputs[0]][0] == 0
   # Live bytes at the start include the copy.
   assert prof.live_bytes[0] >= build_schedule(prog, ()).profile().live_bytes[0] + 64 * 64 * 4
+
+
+def test_schedules_of_one_program_share_only_the_steps_no_decision_renames():
+  """`build_schedule` reuses an op's compute step across plans of one program
+  (planners build dozens of schedules per program) only where the plan renamed
+  none of its inputs, and forgets the program with it."""
+  import gc
+
+  from jaxmem._src.plan import schedule as schedule_mod
+  grad, args = models.tanh_mlp(depth=3, width=32, batch=64)
+  prog = jaxmem.analyze(grad, *args)
+  v, a, b = _residual(prog)
+  planned = build_schedule(prog, [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)],
+                           pinned=(v.id,))
+  plain = build_schedule(prog, ())
+  again = build_schedule(prog, [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)],
+                         pinned=(v.id,))
+  assert again.steps == planned.steps
+  for st in plain.steps:       # no version of a planned schedule leaks into the plain one
+    assert st.inputs == tuple(prog.ops[st.op].inputs)
+  renamed = [st for st in planned.steps if st.kind is StepKind.COMPUTE
+             and st.inputs != tuple(prog.ops[st.op].inputs)]
+  assert renamed and all(v.id not in st.inputs for st in renamed)
+  shared = sum(x is y for x, y in zip(plain.steps, (st for st in planned.steps
+                                                    if st.kind is StepKind.COMPUTE)))
+  assert shared >= prog.num_ops - len(renamed) - 1
+  cached = len(schedule_mod._ORIGINAL_STEPS)
+  del prog, planned, plain, again, v
+  gc.collect()
+  assert len(schedule_mod._ORIGINAL_STEPS) < cached

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jaxmem._src.base.gc_pause import gc_paused
 from jaxmem._src.estimate.analysis import AnalyzedProgram, analyze_program
 from jaxmem._src.estimate.targets import TargetLike, get_target
 from jaxmem._src.ir.program import Program as TracedProgram
@@ -64,9 +65,14 @@ class Program(AnalyzedProgram):
 def analyze_step(fun: Callable[..., Any], args: Sequence[Any], *,
                  donate_argnums: Sequence[int] = (),
                  arg_names: Sequence[str] | None = None, target: TargetLike = None) -> Program:
-  """Trace and estimate: the :class:`Program` of ``fun(*args)`` for ``target``."""
-  return Program.of(analyze_program(trace_for(fun, args, target, donate_argnums=donate_argnums,
-                                              arg_names=arg_names)))
+  """Trace and estimate: the :class:`Program` of ``fun(*args)`` for ``target``.
+
+  Runs without the cyclic garbage collector (:mod:`~jaxmem._src.base.gc_pause`):
+  ResNet-50's analysis took 0.67 s instead of 0.9-1.0 s.
+  """
+  with gc_paused():
+    return Program.of(analyze_program(trace_for(fun, args, target, donate_argnums=donate_argnums,
+                                                arg_names=arg_names)))
 
 
 def trace_for(fun: Callable[..., Any], args: Sequence[Any], target: TargetLike = None, *,

@@ -157,14 +157,19 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
     return flow, {}
   alias: dict[int, int] = {}
   seen: dict[tuple[CseKey, tuple[int, ...]], int] = {}
-  inputs = [list(ins) for ins in flow.step_inputs]
-  outputs = [list(outs) for outs in flow.step_outputs]
+  # Shallow copies: a step's lists are replaced, never edited, so the
+  # flow's own lists are shared until a merge renames an input.
+  inputs = list(flow.step_inputs)
+  outputs = list(flow.step_outputs)
   start, end = list(flow.start), list(flow.end)
+  materialized = flow.materialized
+  keys = flow.cse_keys
   for s in range(flow.num_steps):
-    ins = [alias.get(x, x) for x in inputs[s]]
-    inputs[s] = ins
-    key = flow.cse_keys[s]
-    if key is None or any(o in flow.materialized for o in outputs[s]):
+    ins = inputs[s]
+    if alias and not alias.keys().isdisjoint(ins):
+      ins = inputs[s] = [alias.get(x, x) for x in ins]
+    key = keys[s]
+    if key is None or not materialized.isdisjoint(outputs[s]):
       continue
     full = (key, tuple(ins))
     first = seen.setdefault(full, s)
@@ -178,8 +183,8 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
   if not alias:
     return flow, {}
   return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
-                             shared_reads=[[(alias.get(x, x), b) for x, b in reads]
-                                           for reads in flow.shared_reads]), alias
+                             shared_reads=[[(alias.get(x, x), b) for x, b in reads] if reads
+                                           else reads for reads in flow.shared_reads]), alias
 
 
 def _positions(flow: Flow) -> list[int]:
@@ -195,10 +200,10 @@ def _positions(flow: Flow) -> list[int]:
   pos = list(range(n + 1))
   if not flow.movable:
     return pos
-  made_at: dict[int, int] = {}
-  for s, outs in enumerate(flow.step_outputs):
-    for o in outs:
-      made_at.setdefault(o, s)
+  if not any(flow.movable):
+    return pos
+  # Each value's first defining step (reversed: an earlier step overwrites).
+  made_at = {o: s for s in range(n - 1, -1, -1) for o in flow.step_outputs[s]}
   for s in range(n):
     if flow.movable[s]:
       pos[s] = max([pos[made_at[x]] for x in flow.step_inputs[s] if x in made_at], default=0)
@@ -212,6 +217,9 @@ def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int
   depends on who reads the view: a matmul reading ``checkpoint_name(tanh(x))``
   needs the ``tanh`` stored.
   """
+  kinds = flow.step_kind
+  if all(kinds[c] is not Fusion.VIEW for c in consumers[o]):
+    return consumers[o]               # no view to look through (most values)
   out: list[int] = []
   stack = list(consumers[o])
   seen: set[int] = set()
@@ -270,12 +278,19 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   end = [pos[e] if e >= 0 else e for e in flow.end]
   consumers: list[list[int]] = [[] for _ in range(nvals)]
   for s, ins in enumerate(flow.step_inputs):
+    p = pos[s]
     for x in ins:
-      if not consumers[x] or consumers[x][-1] != s:
-        consumers[x].append(s)
-        if start[x] >= 0:
-          end[x] = max(end[x], pos[s])
+      cx = consumers[x]
+      if not cx or cx[-1] != s:
+        cx.append(s)
+        if start[x] >= 0 and end[x] < p:
+          end[x] = p
   virtual = np.zeros(nvals, dtype=bool)
+  # Per step: may a producer fuse into it (a fusible kind, or a step that
+  # fuses its operands although its own result is stored)?
+  fuses = flow.fuses_operands
+  fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c])
+             for c, k in enumerate(flow.step_kind)]
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -290,10 +305,9 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
         cs = _through_aliases(flow, consumers, o)
-        ckinds = [flow.step_kind[c] for c in cs]
-        if not all(k in FUSIBLE_CONSUMERS or (flow.fuses_operands and flow.fuses_operands[c])
-                   for k, c in zip(ckinds, cs)):
+        if not all(fusible[c] for c in cs):
           continue
+        ckinds = [flow.step_kind[c] for c in cs]
         if Fusion.REDUCE in ckinds and len(ckinds) > 1:
           continue        # XLA does not duplicate a producer into a reduction
       elif not (flow.epilogues and flow.epilogues[s]

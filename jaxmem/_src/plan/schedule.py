@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import weakref
 from collections.abc import Sequence
 from typing import Literal
 
@@ -212,7 +213,7 @@ class Schedule:
         kind = Fusion.MATERIALIZED
       kinds.append(kind)
       inputs.append(ins)
-      outputs.append(list(st.outputs))
+      outputs.append(st.outputs)
       transient.append(t)
       hoisted.append(h)
       shared.append(reads)
@@ -369,6 +370,41 @@ def fence_points(program: AnalyzedProgram, chain: Sequence[int]) -> list[int]:
   return fenced
 
 
+@dataclasses.dataclass(frozen=True)
+class _OriginalSteps:
+  """Per op of a program, what :func:`build_schedule` needs for every plan of it.
+
+  ``steps[i]``: op ``i``'s compute step when none of its inputs was renamed by
+  the plan (most ops of any plan); ``reads[i]``: the variables it reads;
+  ``stored[i]``: its first output XLA stores, or ``None``.
+  """
+  steps: tuple[Step, ...]
+  reads: tuple[frozenset[int], ...]
+  stored: tuple[int | None, ...]
+
+
+# Planners build schedules of one program dozens of times (``segments`` tries
+# each segmentation at several prefix lengths): its unchanged steps are made
+# once per program, and die with it.
+_ORIGINAL_STEPS: weakref.WeakKeyDictionary[AnalyzedProgram, _OriginalSteps] = (
+    weakref.WeakKeyDictionary())
+
+
+def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
+  found = _ORIGINAL_STEPS.get(program)
+  if found is None:
+    virtual = program.profile.virtual if program.backend == "cpu" else None
+    constant_like = program.constant_like
+    found = _OriginalSteps(
+        tuple(Step(StepKind.COMPUTE, float(op.index), tuple(op.inputs), op.outputs, op=op.index)
+              for op in program.ops),
+        tuple(frozenset(op.input_ids()) for op in program.ops),
+        tuple(next((o for o in op.outputs if not constant_like[o]
+                    and (virtual is None or not virtual[o])), None) for op in program.ops))
+    _ORIGINAL_STEPS[program] = found
+  return found
+
+
 def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
                    pinned: Sequence[int] = (), *, copies: CopyMode = "sync",
                    window: Window = None,
@@ -399,7 +435,8 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
       after.setdefault(d.start, []).append(d)
   handles: dict[int, int] = {}
   last_value: int | None = None    # the last stored value computed (a fallback dep)
-  virtual = program.profile.virtual if program.backend == "cpu" else None
+  original = _original_steps(program)
+  renamed: set[int] = set()        # the variables with cur[x] != x
 
   def fresh(var: int | None) -> int:
     value_var.append(var)
@@ -427,6 +464,7 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
         new = fresh(d.var)
         steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
         cur[d.var] = new
+        renamed.add(d.var)
       # All remats restored here share one recomputation: the union of their
       # chains, run once in program order (a segment's residuals rebuilt from
       # its checkpoint, Chen et al. 2016 §3, instead of one chain per value
@@ -444,6 +482,7 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
             local[x] = new   # a fenced argument is a copy: only the chain reads it
           else:
             cur[x] = new     # later uses read the fenced value, so the alias is free
+            renamed.add(x)
         owner = {program.vars[d.var].defined_by: d.var for d in remats}
         for k in chain:
           kop = program.ops[k]
@@ -454,22 +493,26 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
                             var=owner.get(k, remats[0].var), recompute=True))
         for d in remats:
           cur[d.var] = local[d.var]
-    ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
+          renamed.add(d.var)
     literal_dep = None
     if (op.outputs and program.constant_like[op.outputs[0]] and last_value is not None
-        and not op.input_ids()
+        and not original.reads[i]
         and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES):
       literal_dep = cur[last_value]
-    steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i, literal_dep=literal_dep))
-    stored = [o for o in op.outputs
-              if not program.constant_like[o] and (virtual is None or not virtual[o])]
-    if stored:
-      last_value = stored[0]
+    if literal_dep is None and renamed.isdisjoint(original.reads[i]):
+      steps.append(original.steps[i])
+    else:
+      ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
+      steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i,
+                        literal_dep=literal_dep))
+    if original.stored[i] is not None:
+      last_value = original.stored[i]
     for o in op.outputs:
       if o in pinned_set:
         new = fresh(o)
         steps.append(Step(StepKind.PIN, i + 0.25, (o,), (new,), var=o))
         cur[o] = new
+        renamed.add(o)
     for d in after.get(i, ()):
       h = fresh(None)
       steps.append(Step(StepKind.OFFLOAD, i + 0.5, (cur[d.var],), (h,), var=d.var))
@@ -564,6 +607,11 @@ def async_copies(sched: Schedule, window: Window = None,
   """
   steps = sched.steps
   n = len(steps)
+  offloaded = {st.inputs[0] for st in steps if st.kind is StepKind.FETCH}
+  if not any(st.kind is StepKind.OFFLOAD and st.outputs[0] in offloaded for st in steps):
+    # No round trip to split (a remat-only plan): the same steps, and no
+    # profile to estimate (the costliest part of a plan's schedule).
+    return Schedule(sched.program, steps, sched.value_var, sched.outputs, "async")
   prof = sched.profile()
   live = np.asarray(prof.live_bytes, dtype=np.int64)
   virtual = prof.virtual if prof.virtual is not None else np.zeros(len(sched.value_var), bool)

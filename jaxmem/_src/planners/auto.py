@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.plan.plan import Plan
@@ -79,6 +80,7 @@ def offload_overhead_bound(program: AnalyzedProgram, budget_bytes: int,
   return max(0.0, copy_s / base - 1.0)
 
 
+@without_gc
 def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "sync", window: Window = None, planners: tuple[str, ...] = FAST,
          milp_time_s: float = 2.0, bo_iterations: int = 2) -> Plan:

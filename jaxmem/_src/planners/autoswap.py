@@ -32,6 +32,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.plan.plan import Plan
@@ -92,6 +93,7 @@ def _standardise(x: np.ndarray) -> np.ndarray:
   return (x - x.mean()) / s if s > 0 else np.zeros_like(x)
 
 
+@without_gc
 def autoswap(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "async", window: Window = None, score: str = "bo",
              bo_iterations: int = 12, min_bytes: int | None = None, seed: int = 0) -> Plan:

@@ -27,6 +27,7 @@ import bisect
 from collections.abc import Iterable
 
 from jaxmem._src import _compat
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike, DeviceProfile, device_profile
 from jaxmem._src.plan.decisions import Action, Decision
@@ -53,6 +54,7 @@ def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: in
   return None
 
 
+@without_gc
 def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
            copies: CopyMode = "sync", window: Window = None,
            min_bytes: int | None = None, max_chain: int = 8,

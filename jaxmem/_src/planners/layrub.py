@@ -24,6 +24,7 @@ variant the paper's policy implies for a memory limit.
 
 from __future__ import annotations
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.plan.plan import Plan
@@ -31,6 +32,7 @@ from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
 
 
+@without_gc
 def layrub(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
            copies: CopyMode = "async", window: Window = None, budgeted: bool = True,
            min_bytes: int | None = None) -> Plan:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.plan.decisions import Action, Decision
@@ -63,6 +64,7 @@ class MILPDiagnostics:
 MEASURE_LIMIT = 150_000
 
 
+@without_gc
 def optimal(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
             copies: CopyMode = "sync", window: Window = None, time_limit_s: float = 20.0,
             min_bytes: int | None = None, max_chain: int = 8, rounds: int = 4,

@@ -32,6 +32,7 @@ import dataclasses
 import numpy as np
 
 from jaxmem._src import _compat
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.ir.program import Phase
@@ -156,11 +157,20 @@ def find_segments(program: AnalyzedProgram, device: DeviceLike = None,
   grouping. A segment whose residuals are smaller than ``min_bytes`` is
   merged into the next one.
   """
+  return _find_segments(program, common.Pricer(program, device), _residuals(program),
+                        forward_cuts(program), min_bytes, group, depth)
+
+
+def _residuals(program: AnalyzedProgram) -> dict[int, common.Gap]:
+  return {g.var: g for g in common.residual_gaps(program, 1)}
+
+
+def _find_segments(program: AnalyzedProgram, pricer: common.Pricer,
+                   residual: dict[int, common.Gap], cuts: list[int], min_bytes: int | None,
+                   group: int = 1, depth: int | None = None) -> list[Segment]:
+  """:func:`find_segments` from the program's residuals and cuts, computed once by the caller."""
   if min_bytes is None:
     min_bytes = max(1, program.profile.peak_bytes // 1000)
-  pricer = common.Pricer(program, device)
-  residual = {g.var: g for g in common.residual_gaps(program, 1)}
-  cuts = forward_cuts(program)
   if depth is not None:
     cuts = module_cuts(program, cuts, depth)
   first_fwd = next((op.index for op in program.ops if op.phase is Phase.FORWARD), 0)
@@ -191,10 +201,14 @@ def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
   state = ChainState(program)
   # The checkpoint: every value crossing the cut at `lo` stays alive until the
   # restore point (the chains start from it instead of recomputing it).
-  for v in program.vars:
-    if (not v.is_input and v.defined_by <= lo and v.uses
-        and any(lo < u <= hi for u in v.uses)):
-      state.extra_uses.setdefault(v.id, []).append(restore)
+  # (The segment's own inputs, not a scan of every value: `_segment` runs for
+  # every segment of every grouping `segments` considers.)
+  crossing = {x for k in range(lo + 1, hi + 1) for x in program.ops[k].inputs
+              if isinstance(x, int)}
+  for vid in sorted(crossing):
+    v = program.vars[vid]
+    if not v.is_input and v.defined_by <= lo:
+      state.extra_uses.setdefault(vid, []).append(restore)
   checkpoint = set(state.extra_uses)
   for g in gaps:
     state.gaps.setdefault(g.var, []).append((g.start, restore))
@@ -233,6 +247,7 @@ def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
                  pricer.remat_seconds(sorted(union)), tuple(stored))
 
 
+@without_gc
 def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "sync", window: Window = None,
              min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,
@@ -300,10 +315,14 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
       k = _cover(segs, excess)
       options.append((sum(x.cost_s for x in segs[:k]), segs))
 
+  # What every segmentation is cut from, computed once.
+  pricer = common.Pricer(program, device)
+  residual = _residuals(program)
+  cuts = forward_cuts(program)
   if group is None or isinstance(group, int):
     size = 1 if group is None else group
     while True:
-      segs = _ranked(find_segments(program, device, min_bytes, size))
+      segs = _ranked(_find_segments(program, pricer, residual, cuts, min_bytes, size))
       consider(segs)
       if group is not None or len(segs) <= 2:
         break
@@ -311,9 +330,9 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
   if group is None or group == "modules":
     depths = max((op.module.count("/") + 1 for op in program.ops if op.module), default=0)
     for depth in range(1, depths + 1):
-      consider(_ranked(find_segments(program, device, min_bytes, depth=depth)))
+      consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes, depth=depth)))
   if not options:
-    consider(_ranked(find_segments(program, device, min_bytes)))
+    consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes)))
     options = options or [(0.0, [])]
   options.sort(key=lambda o: o[0])
   best: tuple[float, int, Plan, list[Segment]] | None = None
@@ -385,6 +404,8 @@ def _plan_for_segments(program: AnalyzedProgram, budget_bytes: int, segs: list[S
   # fitting prefix (a few schedule estimates instead of a bisection).
   k = _cover(segs, program.profile.peak_bytes - budget_bytes)
   lo, hi = k, n                  # fits(hi); find the first fitting prefix in [lo, hi]
+  if lo < hi and fits(lo):
+    hi = lo                      # the guess fits: only shorter prefixes are left to try
   step = 1
   while lo < hi and not fits(lo):  # gallop up from the guess, then bisect
     lo, step = min(hi, lo + step), 2 * step

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.plan.plan import Plan
@@ -39,6 +40,7 @@ from jaxmem._src.planners import common
 POLICIES = ("dyn", "conv", "all")
 
 
+@without_gc
 def vdnn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "async", window: Window = None, policy: str = "dyn",
          min_bytes: int | None = None) -> Plan:

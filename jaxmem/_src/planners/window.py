@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike
 from jaxmem._src.plan.plan import Plan
@@ -33,6 +34,7 @@ from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.planners import common
 
 
+@without_gc
 def window_planner(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
                    copies: CopyMode = "async", window: Window = None,
                    window_fraction: float = 1.0, tries: int = 5,
