@@ -206,3 +206,36 @@ def test_a_forwarded_value_stores_nothing_and_keeps_its_sources_alive():
   prof, virtual = estimate(flow)
   assert virtual[1] and not virtual[0]
   assert prof.intervals[0][1] >= 2
+
+
+def test_a_layout_copy_made_early_lives_from_its_operand_to_its_reader():
+  # x (arg) -> a = conv(x) (0) -> b = conv(a) (1) -> c = conv(b) (2)
+  # -> d = conv(a, c) (3): the weight gradient, reading `a` through a 16-byte
+  # layout copy XLA makes where `a` is made.
+  kinds, ins, outs = [M, M, M, M], [[0], [1], [2], [1, 3]], [[1], [2], [3], [4]]
+  plain = _flow(kinds, ins, outs, [8, 8, 8, 8, 8], materialized=[0, 4])
+  end = list(plain.end)
+  end[1] = 1                          # the flow's builder ends `a` at its last other reader
+  early = dataclasses.replace(plain, end=end, early_copies=[[], [], [], [(1, 16)]])
+  prof, _ = estimate(early)
+  assert prof.intervals[1] == (0, 1)              # `a` dies after the forward conv
+  # Step 2: x, b and c (8 each) and the copy (16); `a` itself is gone.
+  assert prof.live_bytes[2] == 3 * 8 + 16
+  assert estimate(plain)[0].live_bytes[2] == 4 * 8     # x, a, b, c
+  # Two readers of one copy (XLA merges the transposes): one buffer, to the last.
+  twice = dataclasses.replace(early, early_copies=[[], [], [(1, 16)], [(1, 16)]])
+  assert estimate(twice)[0].live_bytes[2] == 3 * 8 + 16
+
+
+def test_a_cheap_value_copied_early_is_recomputed_in_its_fusible_readers():
+  # a = relu(x) (0), read by a forward conv (1), a backward elementwise step
+  # (2) and, through an early copy, the weight-gradient conv (3): XLA stores
+  # `a` only for the forward conv; the elementwise step recomputes it from x.
+  kinds, ins, outs = [C, M, C, M], [[0], [1], [1, 2], [1, 3]], [[1], [2], [3], [4]]
+  flow = _flow(kinds, ins, outs, [8, 8, 8, 8, 8], materialized=[0, 4])
+  end = list(flow.end)
+  end[1] = 2
+  flow = dataclasses.replace(flow, end=end, early_copies=[[], [], [], [(1, 8)]])
+  prof, virtual = estimate(flow)
+  assert not virtual[1] and prof.intervals[1] == (0, 1)
+  assert prof.live_bytes[2] == 4 * 8       # x, the copy, b and c: not `a`

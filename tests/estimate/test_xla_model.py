@@ -64,9 +64,29 @@ def test_conv_layout_copies_and_backend_independence():
       x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))(
           x.transpose(0, 2, 3, 1), w).eqns[0]
   assert xla_model.hidden_bytes(nhwc, "cpu") == (0, 0)
-  # lhs and out are transposed into the native layout: their bytes are added.
-  assert xla_model.hidden_bytes(nchw, "cpu") == (2 * x.nbytes, 0)
+  assert xla_model.early_layout_copies(nhwc, "cpu") == ()
+  # The result is transposed into the NCHW layout while the convolution runs;
+  # the input is copied into the native layout where it is made.
+  assert xla_model.hidden_bytes(nchw, "cpu") == (x.nbytes, 0)
+  assert xla_model.early_layout_copies(nchw, "cpu") == ((0, x.nbytes),)
   assert xla_model.hidden_bytes(nchw, "gpu") == (0, 0)
+  assert xla_model.early_layout_copies(nchw, "gpu") == ()
+
+
+def test_a_weight_gradient_that_is_a_dot_has_no_layout_copies():
+  """A 1x1 convolution's weight gradient has one output position and a window
+  over the whole input: XLA computes it as a dot, which reads any layout."""
+  def loss(w, x):
+    return jnp.sum(jax.lax.conv_general_dilated(x, w, (1,), "VALID",
+                                                dimension_numbers=("NWC", "WIO", "NWC")) ** 2)
+  wide = jax.make_jaxpr(jax.grad(loss))(jnp.ones((1, 8, 16)), jnp.ones((4, 32, 8)))
+  (grad_conv,) = [e for e in wide.eqns if e.primitive.name == "conv_general_dilated"
+                  and e.outvars[0].aval.shape == (1, 8, 16)]
+  assert xla_model.early_layout_copies(grad_conv, "cpu") == ()
+  three = jax.make_jaxpr(jax.grad(loss))(jnp.ones((3, 8, 16)), jnp.ones((4, 32, 8)))
+  (grad_conv,) = [e for e in three.eqns if e.primitive.name == "conv_general_dilated"
+                  and e.outvars[0].aval.shape == (3, 8, 16)]
+  assert xla_model.early_layout_copies(grad_conv, "cpu")
 
 
 def test_cse_keys_hold_parameters_and_literal_positions():

@@ -72,7 +72,7 @@ def test_unknown_primitive_uses_default_rule_and_warns_once():
 
 
 def test_cpu_conv_layout_copies_are_charged():
-  """The weight-gradient convolution transposes both operands on the CPU."""
+  """The weight-gradient convolution transposes both operands on the CPU (early copies)."""
   def loss(w, x):
     return jnp.sum(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                 dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
@@ -80,7 +80,8 @@ def test_cpu_conv_layout_copies_are_charged():
   w = jnp.ones((3, 3, 16, 16))
   prog = jaxmem.analyze(jax.grad(loss), w, x)
   convs = [op for op in prog.ops if op.primitive == "conv_general_dilated"]
-  charged = [xla_model.hidden_bytes(op.eqn, "cpu")[0] for op in convs]
+  charged = [xla_model.hidden_bytes(op.eqn, "cpu")[0]
+             + sum(b for _, b in xla_model.early_layout_copies(op.eqn, "cpu")) for op in convs]
   assert max(charged) >= 2 * x.nbytes           # input and output gradient transposed
   assert min(charged) == 0                      # the forward conv is in native layout
   assert all(xla_model.hidden_bytes(op.eqn, "gpu") == (0, 0) for op in convs)

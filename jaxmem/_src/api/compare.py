@@ -121,9 +121,10 @@ def _explain(program: AnalyzedProgram, prof: Profile, raw_peak: int) -> list[str
                     "broadcasts read by both the forward and the backward pass (e.g. softmax "
                     "denominators, LayerNorm scales): XLA:CPU stores one copy for its YNNPACK "
                     "fusions"))
-    hoisted = sum(h for op, (_, _, h, _) in zip(program.ops, model) if op.index >= peak and h)
+    hoisted = sum(m.hoisted for op, m in zip(program.ops, model) if op.index >= peak and m.hoisted)
     kinds = sorted({op.primitive for op in program.ops
-                    if any(xla_model.hidden_bytes(op.eqn, program.backend))})
+                    if any(xla_model.hidden_bytes(op.eqn, program.backend))
+                    or xla_model.early_layout_copies(op.eqn, program.backend)})
     rest = hidden - sum(stored)
     if rest > prof.peak_bytes // 200:
       start = (f"; {format_bytes(hoisted)} of it built at the program start (index arrays, "

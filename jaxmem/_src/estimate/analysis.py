@@ -130,6 +130,17 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     epilogues: tuple[bool, ...]) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
+  early = [[(op.inputs[pos], b) for pos, b in m.early] for op, m in zip(program.ops, memory)]
+  if any(early):
+    ends = list(ends)
+    # An operand read through an early layout copy is not kept alive by
+    # that read (`Flow.early_copies`): its interval ends at its last other use.
+    copied = {(op.index, x) for op, reads in zip(program.ops, early) for x, _ in reads}
+    for op, reads in zip(program.ops, early):
+      for x, _ in reads:
+        v = program.vars[x]
+        if ends[x] == op.index and ends[x] < program.num_ops:
+          ends[x] = max((u for u in v.uses if (u, x) not in copied), default=starts[x])
   return Flow(
       num_steps=program.num_ops,
       step_kind=[m.kind for m in memory],
@@ -147,7 +158,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       fuses_operands=fusing, copies=copies,
       forwarded={o: src for op, fw in zip(program.ops, forwards)
                  for o, src in xla_model.forwarded_values(fw, op.inputs, op.outputs).items()},
-      epilogues=epilogues)
+      epilogues=epilogues, early_copies=early if any(early) else ())
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

@@ -120,6 +120,11 @@ class Flow:
       their own, their sources living as long as they do (a ``shard_map``
       result that is its argument's buffer, or fused into its readers:
       :func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
+    early_copies: per step, ``(value id, bytes)`` of operands it reads
+      through a layout copy made where the operand is made
+      (:func:`~jaxmem._src.estimate.xla_model.early_layout_copies`): the copy
+      is live from the operand's start to the step, and the step does not
+      keep the operand itself alive.
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -140,6 +145,7 @@ class Flow:
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   epilogues: Sequence[bool] | None = None
+  early_copies: Sequence[Sequence[tuple[int, int]]] = ()
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -164,6 +170,7 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
   start, end = list(flow.start), list(flow.end)
   materialized = flow.materialized
   keys = flow.cse_keys
+  gone: set[int] = set()          # the steps merged away
   for s in range(flow.num_steps):
     ins = inputs[s]
     if alias and not alias.keys().isdisjoint(ins):
@@ -180,11 +187,15 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
       end[keep] = max(end[keep], end[o])
       start[o] = end[o] = -1
     inputs[s], outputs[s] = [], []
+    gone.add(s)
   if not alias:
     return flow, {}
   return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
                              shared_reads=[[(alias.get(x, x), b) for x, b in reads] if reads
-                                           else reads for reads in flow.shared_reads]), alias
+                                           else reads for reads in flow.shared_reads],
+                             early_copies=[[] if s in gone else
+                                           [(alias.get(x, x), b) for x, b in copies]
+                                           for s, copies in enumerate(flow.early_copies)]), alias
 
 
 def _positions(flow: Flow) -> list[int]:
@@ -277,13 +288,17 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   start = [pos[s] if s >= 0 else s for s in flow.start]
   end = [pos[e] if e >= 0 else e for e in flow.end]
   consumers: list[list[int]] = [[] for _ in range(nvals)]
+  early = flow.early_copies
   for s, ins in enumerate(flow.step_inputs):
     p = pos[s]
+    # Operands read through an early layout copy: the copy, not the
+    # operand, lives until this step.
+    copied = {x for x, _ in early[s]} if early and early[s] else ()
     for x in ins:
       cx = consumers[x]
       if not cx or cx[-1] != s:
         cx.append(s)
-        if start[x] >= 0 and end[x] < p:
+        if start[x] >= 0 and end[x] < p and x not in copied:
           end[x] = p
   virtual = np.zeros(nvals, dtype=bool)
   # Per step: may a producer fuse into it (a fusible kind, or a step that
@@ -291,6 +306,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   fuses = flow.fuses_operands
   fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c])
              for c, k in enumerate(flow.step_kind)]
+  # The steps that read a value through an early layout copy.
+  copiers: dict[int, set[int]] = {}
+  for s, copies in enumerate(early):
+    for x, _ in copies:
+      copiers.setdefault(x, set()).add(s)
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -301,6 +321,25 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         for x in flow.forwarded[o]:
           end[x] = max(end[x], end[o])
         continue
+      if kind is Fusion.CHEAP and o in copiers:
+        # An elementwise value read through an early layout copy: XLA
+        # recomputes it inside the copy and inside its fusible readers, from
+        # its own inputs; it is stored only for its other readers (a forward
+        # convolution), until the last of them.
+        others = [c for c in consumers[o] if c not in copiers[o]]
+        # (Not into a reduction among several readers, as for fusion.)
+        dup = [fusible[c] and not (flow.step_kind[c] is Fusion.REDUCE and len(others) > 1)
+               for c in others]
+        hard = [pos[c] for c, d in zip(others, dup) if not d]
+        soft = [pos[c] for c, d in zip(others, dup) if d]
+        if soft:
+          for x in flow.step_inputs[s]:
+            end[x] = max(end[x], *soft)
+          if hard:
+            end[o] = max(start[o], *hard)
+          else:
+            virtual[o] = True
+          continue
       if kind is Fusion.VIEW and flow.step_inputs[s]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
@@ -332,6 +371,17 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     starts.append(0)
     ends.append(pos[s])
     sizes.append(flow.nbytes[x])
+  # One copy per operand and size, however many steps read it (XLA's CSE
+  # merges the transposes): live from the operand's start to its last reader.
+  early_span: dict[tuple[int, int], int] = {}
+  for s, copies in enumerate(early):
+    for key in copies:
+      if start[key[0]] >= 0:
+        early_span[key] = max(early_span.get(key, pos[s]), pos[s])
+  for (x, nbytes), last in early_span.items():
+    starts.append(min(start[x], last))
+    ends.append(last)
+    sizes.append(nbytes)
   span: dict[tuple[int, int], list[int]] = {}
   for s, reads in enumerate(flow.shared_reads):
     for key in reads:

@@ -172,6 +172,7 @@ class Schedule:
     for vid in (*prog.invars, *prog.consts):
       start[vid] = 0
     kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
+    early: list[list[tuple[int, int]]] = []
     hoist = set(prog.hoisted)
     # Values a custom call of the plan reads (an offload, a fetch's or a
     # fence's ordering operand): XLA hands the call a buffer, so a view
@@ -190,7 +191,17 @@ class Schedule:
     copied_args = frozenset(prog.invars) if prog.backend == "cpu" else frozenset()
     for i, st in enumerate(self.steps):
       ins = [x for x in st.inputs if isinstance(x, int)]
-      for x in ins:
+      copies: list[tuple[int, int]] = []
+      if st.kind is StepKind.COMPUTE and model[st.op].early:
+        # Read through a layout copy made where the operand is made: the
+        # operand is not kept alive for this step (`Flow.early_copies`).
+        copies = [(st.inputs[pos], b) for pos, b in model[st.op].early]  # type: ignore[misc]
+        copied = {x for x, _ in copies}
+        ins_kept = [x for x in ins if x not in copied]
+      else:
+        ins_kept = ins
+      early.append(copies)
+      for x in ins_kept:
         end[x] = i
       for o in st.outputs:
         start[o] = i
@@ -202,7 +213,7 @@ class Schedule:
       t = h = 0
       reads: list[tuple[int, int]] = []
       if st.kind is StepKind.COMPUTE:
-        kind, t, h, sh = model[st.op]
+        kind, t, h, sh, _ = model[st.op]
         if (kind is Fusion.VIEW and not custom_read.isdisjoint(st.outputs)
             and primitives.facts(prog.ops[st.op].primitive).relayout):
           kind = Fusion.CHEAP      # stored for the custom call, fused into the others
@@ -244,7 +255,8 @@ class Schedule:
                           _copy_steps(prog.donation_copies, self.steps),
                           self._forwarded(),
                           [st.kind is StepKind.COMPUTE and prog.epilogues[st.op]
-                           for st in self.steps] if prog.epilogues else None)
+                           for st in self.steps] if prog.epilogues else None,
+                          early if any(early) else ())
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
