@@ -16,7 +16,9 @@ that dominate on the models we measure (XLA:CPU, jax 0.10.2; ``docs/design.md``,
   it by where a result is used.
 * **Layout copies.** A convolution whose operand is not in the backend's native
   layout gets a transposed copy of it (on the CPU the weight-gradient
-  convolution transposes both its input and its output gradient).
+  convolution transposes both its input and its output gradient), made where
+  the operand is made (:func:`early_layout_copies`); a result in another
+  layout is transposed while the convolution runs (:func:`hidden_bytes`).
 * **Expansions.** ``select_and_scatter_add`` (max-pool gradient) is expanded on
   the CPU into index arrays of the operand's shape per dimension, hoisted to the
   program start, plus a zeroed output and the reduce-window index outputs.
