@@ -209,9 +209,7 @@ def _positions(flow: Flow) -> list[int]:
   """
   n = flow.num_steps
   pos = list(range(n + 1))
-  if not flow.movable:
-    return pos
-  if not any(flow.movable):
+  if not flow.movable or not any(flow.movable):
     return pos
   # Each value's first defining step (reversed: an earlier step overwrites).
   made_at = {o: s for s in range(n - 1, -1, -1) for o in flow.step_outputs[s]}
@@ -288,17 +286,23 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   start = [pos[s] if s >= 0 else s for s in flow.start]
   end = [pos[e] if e >= 0 else e for e in flow.end]
   consumers: list[list[int]] = [[] for _ in range(nvals)]
-  early = flow.early_copies
+  # Early layout copies: the steps that read each value through one, and the
+  # last reader of each copy (one per value and size, however many steps
+  # read it: XLA's CSE merges the transposes).
+  copiers: dict[int, set[int]] = {}
+  copy_last: dict[tuple[int, int], int] = {}
+  for s, copies in enumerate(flow.early_copies):
+    for key in copies:
+      copiers.setdefault(key[0], set()).add(s)
+      copy_last[key] = max(copy_last.get(key, pos[s]), pos[s])
   for s, ins in enumerate(flow.step_inputs):
     p = pos[s]
-    # Operands read through an early layout copy: the copy, not the
-    # operand, lives until this step.
-    copied = {x for x, _ in early[s]} if early and early[s] else ()
     for x in ins:
       cx = consumers[x]
       if not cx or cx[-1] != s:
         cx.append(s)
-        if start[x] >= 0 and end[x] < p and x not in copied:
+        # (Through an early layout copy: the copy, not x, lives until s.)
+        if start[x] >= 0 and end[x] < p and not (copiers and s in copiers.get(x, ())):
           end[x] = p
   virtual = np.zeros(nvals, dtype=bool)
   # Per step: may a producer fuse into it (a fusible kind, or a step that
@@ -306,11 +310,6 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   fuses = flow.fuses_operands
   fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c])
              for c, k in enumerate(flow.step_kind)]
-  # The steps that read a value through an early layout copy.
-  copiers: dict[int, set[int]] = {}
-  for s, copies in enumerate(early):
-    for x, _ in copies:
-      copiers.setdefault(x, set()).add(s)
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -371,14 +370,9 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     starts.append(0)
     ends.append(pos[s])
     sizes.append(flow.nbytes[x])
-  # One copy per operand and size, however many steps read it (XLA's CSE
-  # merges the transposes): live from the operand's start to its last reader.
-  early_span: dict[tuple[int, int], int] = {}
-  for s, copies in enumerate(early):
-    for key in copies:
-      if start[key[0]] >= 0:
-        early_span[key] = max(early_span.get(key, pos[s]), pos[s])
-  for (x, nbytes), last in early_span.items():
+  for (x, nbytes), last in copy_last.items():   # from the operand's start to the last reader
+    if start[x] < 0:
+      continue
     starts.append(min(start[x], last))
     ends.append(last)
     sizes.append(nbytes)

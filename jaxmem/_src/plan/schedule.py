@@ -191,11 +191,12 @@ class Schedule:
     copied_args = frozenset(prog.invars) if prog.backend == "cpu" else frozenset()
     for i, st in enumerate(self.steps):
       ins = [x for x in st.inputs if isinstance(x, int)]
+      m = model[st.op] if st.kind is StepKind.COMPUTE else None
       copies: list[tuple[int, int]] = []
-      if st.kind is StepKind.COMPUTE and model[st.op].early:
+      if m is not None and m.early:
         # Read through a layout copy made where the operand is made: the
         # operand is not kept alive for this step (`Flow.early_copies`).
-        copies = [(st.inputs[pos], b) for pos, b in model[st.op].early]  # type: ignore[misc]
+        copies = [(st.inputs[pos], b) for pos, b in m.early]  # type: ignore[misc]
         copied = {x for x, _ in copies}
         ins_kept = [x for x in ins if x not in copied]
       else:
@@ -212,8 +213,8 @@ class Schedule:
         start[st.outputs[0]] = 0
       t = h = 0
       reads: list[tuple[int, int]] = []
-      if st.kind is StepKind.COMPUTE:
-        kind, t, h, sh, _ = model[st.op]
+      if m is not None:
+        kind, t, h, sh = m.kind, m.transient, m.hoisted, m.shared
         if (kind is Fusion.VIEW and not custom_read.isdisjoint(st.outputs)
             and primitives.facts(prog.ops[st.op].primitive).relayout):
           kind = Fusion.CHEAP      # stored for the custom call, fused into the others
