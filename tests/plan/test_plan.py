@@ -45,6 +45,25 @@ def test_a_plan_is_immutable_and_its_schedule_follows_its_settings(program):
   assert dataclasses.replace(plan, copies="async").schedule().copies == "async"
 
 
+def test_a_plan_builds_its_schedule_once_and_replace_keeps_it_while_it_holds(program):
+  acts = [v for v in program.vars if v.role.value == "activation"]
+  plan = _plan(program, [Decision(acts[0].id, Action.OFFLOAD, acts[0].defined_by,
+                                  program.num_ops - 2, (), acts[0].nbytes)])
+  sched = plan.schedule()
+  assert plan.schedule() is sched
+  prof = sched.profile()
+  assert sched.profile() is prof
+  with pytest.raises(ValueError):            # shared between plans: never edited
+    prof.live_bytes[0] = 0
+  relabelled = plan.replace(planner="relabelled", estimated_peak_bytes=1)
+  assert relabelled.planner == "relabelled" and relabelled.schedule() is sched
+  other = plan.replace(copies="async")
+  assert other.schedule() is not sched and other.schedule().copies == "async"
+  assert plan.replace(decisions=()).schedule().steps != sched.steps
+  with pytest.raises(TypeError, match="unknown fields"):
+    plan.replace(budget=1)
+
+
 def test_diagnostics_are_read_by_type(program):
   plan = jaxmem.get_planner("auto")(program, int(program.peak_bytes * 0.8), "h100-pcie")
   auto = plan.diagnostic(AutoDiagnostics)

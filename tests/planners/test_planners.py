@@ -89,6 +89,36 @@ def test_vdnn_policies_nest_and_dyn_picks_the_first_that_fits(mlp_program):
   assert dyn.planner == "vdnn-dyn(conv)"
 
 
+@pytest.mark.parametrize("frac", [0.9, 0.75, 0.6])
+def test_layrub_returns_the_shortest_fitting_forward_prefix(mlp_program, frac):
+  """The secant search lands where a scan over every prefix length would."""
+  prog, _, _ = mlp_program
+  every = jaxmem.PLANNERS["layrub"](prog, 0, "k40", budgeted=False)
+  target = int(every.estimated_peak_bytes + frac * (prog.peak_bytes - every.estimated_peak_bytes))
+  plan = jaxmem.PLANNERS["layrub"](prog, target, "k40")
+  k = len(plan.decisions)
+  assert plan.estimated_peak_bytes <= target
+  assert plan.decisions == every.decisions[:k]
+  if k:
+    shorter = common.finish(prog, every.decisions[:k - 1], target, "layrub", copies=plan.copies,
+                            window=plan.window)
+    assert shorter.estimated_peak_bytes > target
+
+
+def test_autoswap_confirms_most_selections_with_one_estimate(mlp_program, monkeypatch):
+  """What the estimate adds to the linear load is learnt once and carried to the next weights."""
+  prog, _, _ = mlp_program
+  all_plan = jaxmem.PLANNERS["vdnn-all"](prog, 0, "k40")
+  target = (prog.peak_bytes + all_plan.estimated_peak_bytes) // 2
+  estimates = []
+  finish = common.finish
+  monkeypatch.setattr(common, "finish", lambda *a, **k: estimates.append(1) or finish(*a, **k))
+  plan = autoswap_mod.autoswap(prog, target, "k40", bo_iterations=3)
+  assert plan.estimated_peak_bytes <= target
+  weights = len(plan.diagnostic(AutoSwapDiagnostics).weights)
+  assert len(estimates) <= 2 * weights, (len(estimates), weights)
+
+
 def test_layrub_migrates_in_forward_order(mlp_program):
   prog, _, _ = mlp_program
   every = jaxmem.PLANNERS["layrub"](prog, 0, "k40", budgeted=False)

@@ -190,12 +190,15 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
     gone.add(s)
   if not alias:
     return flow, {}
+  early = list(flow.early_copies)       # per step, or empty when no step has any
+  if early:
+    for s in gone:
+      early[s] = []
   return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
                              shared_reads=[[(alias.get(x, x), b) for x, b in reads] if reads
                                            else reads for reads in flow.shared_reads],
-                             early_copies=[[] if s in gone else
-                                           [(alias.get(x, x), b) for x, b in copies]
-                                           for s, copies in enumerate(flow.early_copies)]), alias
+                             early_copies=[[(alias.get(x, x), b) for x, b in copies] if copies
+                                           else copies for copies in early]), alias
 
 
 def _positions(flow: Flow) -> list[int]:
@@ -227,7 +230,11 @@ def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int
   needs the ``tanh`` stored.
   """
   kinds = flow.step_kind
-  if all(kinds[c] is not Fusion.VIEW for c in consumers[o]):
+  view = Fusion.VIEW
+  for c in consumers[o]:
+    if kinds[c] is view:
+      break
+  else:
     return consumers[o]               # no view to look through (most values)
   out: list[int] = []
   stack = list(consumers[o])
@@ -246,7 +253,7 @@ def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int
   return out
 
 
-def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: np.ndarray,
+def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Sequence[bool],
                              o: int) -> bool:
   """Whether ``o``'s only reader starts a chain of cheap elementwise steps whose result is stored.
 
@@ -304,7 +311,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         # (Through an early layout copy: the copy, not x, lives until s.)
         if start[x] >= 0 and end[x] < p and not (copiers and s in copiers.get(x, ())):
           end[x] = p
-  virtual = np.zeros(nvals, dtype=bool)
+  # (A list while it is filled in: indexing one is several times faster.)
+  virtual = [False] * nvals
   # Per step: may a producer fuse into it (a fusible kind, or a step that
   # fuses its operands although its own result is stored)?
   fuses = flow.fuses_operands
@@ -343,7 +351,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
         cs = _through_aliases(flow, consumers, o)
-        if not all(fusible[c] for c in cs):
+        if not all(map(fusible.__getitem__, cs)):
           continue
         ckinds = [flow.step_kind[c] for c in cs]
         if Fusion.REDUCE in ckinds and len(ckinds) > 1:
@@ -360,7 +368,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   ids = [v for v in range(nvals) if start[v] >= 0]
   starts = [start[v] for v in ids]
   ends = [max(end[v], start[v]) for v in ids]
-  sizes = [0 if virtual[v] else flow.nbytes[v] for v in ids]
+  nbytes = flow.nbytes
+  sizes = [0 if virtual[v] else nbytes[v] for v in ids]
   for s, h in enumerate(flow.hoisted):
     if h:
       starts.append(0)
@@ -405,7 +414,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   for v, keep in merged.items():      # stored by the value it was merged into
     start[v], end[v] = start[keep], end[keep]
     virtual[v] = True
-  intervals = tuple((start[v], max(end[v], start[v])) for v in range(nvals))
+  intervals = tuple(zip(start, map(max, end, start)))
+  virtual = np.array(virtual, dtype=bool)
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
                              holder_bytes=tuple(b for _, b in holders), intervals=intervals,
                              virtual=virtual), virtual

@@ -43,6 +43,11 @@ class Fusion(enum.Enum):
   REDUCE = "reduce"              # fuses its producers (input fusion), result stored
   MATERIALIZED = "materialized"  # library call / custom call / control flow: stored
 
+  # Members are singletons compared by identity: hash them by identity too.
+  # `enum.Enum.__hash__` is a Python function, and the estimate looks kinds up
+  # in sets hundreds of thousands of times per plan.
+  __hash__ = object.__hash__
+
 
 #: Kinds of consumer that an elementwise producer can be fused into.
 FUSIBLE_CONSUMERS = frozenset({Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW, Fusion.REDUCE})

@@ -17,6 +17,11 @@ from jaxmem._src.plan.schedule import CopyMode, Schedule, Window, build_schedule
 T = TypeVar("T")
 
 
+# The fields `Plan.schedule` is built from.
+_SCHEDULE_FIELDS = frozenset({"program", "decisions", "pinned", "copies", "window",
+                              "target_bytes"})
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
   """A memory plan for one program.
@@ -87,9 +92,29 @@ class Plan:
     return next((d for d in self.diagnostics if isinstance(d, kind)), None)
 
   def schedule(self) -> Schedule:
-    """The program with the plan applied, as a list of steps."""
-    return build_schedule(self.program, self.decisions, self.pinned, copies=self.copies,
-                          window=self.window, budget=self.target_bytes)
+    """The program with the plan applied, as a list of steps (built once per plan)."""
+    found = self.__dict__.get("_schedule_memo")
+    if found is None:
+      found = build_schedule(self.program, self.decisions, self.pinned, copies=self.copies,
+                             window=self.window, budget=self.target_bytes)
+      object.__setattr__(self, "_schedule_memo", found)
+    return found
+
+  def replace(self, **changes: Any) -> Plan:
+    """``dataclasses.replace(self, **changes)``, keeping the built schedule where it still holds.
+
+    Planners relabel and re-score plans (``estimated_peak_bytes``,
+    ``planner``, ``diagnostics``) without changing what the schedule is built
+    from; the new plan then shares the schedule and its profile.
+    """
+    unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+    if unknown:
+      raise TypeError(f"`Plan.replace` got unknown fields {sorted(unknown)}.")
+    out = dataclasses.replace(self, **changes)
+    found = self.__dict__.get("_schedule_memo")
+    if found is not None and not set(changes) & _SCHEDULE_FIELDS:
+      object.__setattr__(out, "_schedule_memo", found)
+    return out
 
   def to_perfetto(self, path: str | os.PathLike[str] | None = None, *,
                   device: DeviceLike = None) -> dict[str, Any]:

@@ -163,6 +163,18 @@ class Schedule:
     aliased output of a fetch_done takes over its input's buffer from the
     next step, so the bytes are not counted twice.
     """
+    # Computed once per schedule: the planners' `finish` and the simulator
+    # ask for the same schedule's profile (its arrays are made read-only).
+    found = self.__dict__.get("_profile_memo")
+    if found is None:
+      found = self._profile()
+      for arr in (found.live_bytes, found.virtual):
+        if isinstance(arr, np.ndarray):
+          arr.flags.writeable = False
+      object.__setattr__(self, "_profile_memo", found)
+    return found
+
+  def _profile(self) -> lifetimes.Profile:
     prog = self.program
     model = prog.planned_memory
     n = len(self.steps)
@@ -171,8 +183,6 @@ class Schedule:
     end = [-1] * nvals
     for vid in (*prog.invars, *prog.consts):
       start[vid] = 0
-    kinds, inputs, outputs, transient, hoisted, shared = [], [], [], [], [], []
-    early: list[list[tuple[int, int]]] = []
     hoist = set(prog.hoisted)
     # Values a custom call of the plan reads (an offload, a fetch's or a
     # fence's ordering operand): XLA hands the call a buffer, so a view
@@ -189,9 +199,31 @@ class Schedule:
     # concatenations were fenced on their kernels: sixteen 144 KiB copies
     # live from position 67 to their fences at 805 (+2.3 MiB at the peak).
     copied_args = frozenset(prog.invars) if prog.backend == "cpu" else frozenset()
+    original = _original_steps(prog)
+    orig_steps, orig_rows = original.steps, _original_rows(prog, original)
+    compute = StepKind.COMPUTE
+    mv, keys, fusing, epi = prog.movable, prog.cse_keys, prog.operand_fusions, prog.epilogues
+    # One row per step (`_StepRow`), transposed into the flow's columns below.
+    rows: list[_StepRow] = []
     for i, st in enumerate(self.steps):
+      op = st.op
+      if st.kind is compute and st is orig_steps[op]:
+        # An op of the program as it stands (most steps of any plan): its row
+        # is the same in every schedule of the program (`_original_rows`).
+        row, ins_kept, relayout = orig_rows[op]
+        if relayout and not custom_read.isdisjoint(st.outputs):
+          # Stored for the custom call, fused into the others.
+          row = (row[0], row[1], Fusion.CHEAP, *row[3:])
+        for x in ins_kept:
+          end[x] = i
+        for o in st.outputs:
+          start[o] = i
+          if end[o] < i:
+            end[o] = i
+        rows.append(row)
+        continue
       ins = [x for x in st.inputs if isinstance(x, int)]
-      m = model[st.op] if st.kind is StepKind.COMPUTE else None
+      m = model[op] if st.kind is compute else None
       copies: list[tuple[int, int]] = []
       if m is not None and m.early:
         # Read through a layout copy made where the operand is made: the
@@ -201,7 +233,6 @@ class Schedule:
         ins_kept = [x for x in ins if x not in copied]
       else:
         ins_kept = ins
-      early.append(copies)
       for x in ins_kept:
         end[x] = i
       for o in st.outputs:
@@ -211,24 +242,24 @@ class Schedule:
         start[st.outputs[0]] = i + 1
       elif st.kind is StepKind.FENCE and st.inputs[0] in copied_args:
         start[st.outputs[0]] = 0
-      t = h = 0
-      reads: list[tuple[int, int]] = []
       if m is not None:
-        kind, t, h, sh = m.kind, m.transient, m.hoisted, m.shared
+        kind = m.kind
         if (kind is Fusion.VIEW and not custom_read.isdisjoint(st.outputs)
-            and primitives.facts(prog.ops[st.op].primitive).relayout):
+            and primitives.facts(prog.ops[op].primitive).relayout):
           kind = Fusion.CHEAP      # stored for the custom call, fused into the others
-        reads = [(st.inputs[pos], b) for pos, b in sh]  # type: ignore[misc]
+        reads = [(st.inputs[pos], b) for pos, b in m.shared]  # type: ignore[misc]
         if st.literal_dep is not None:   # fenced literals: created where it stands
           hoist.difference_update(st.outputs)
+        # A recomputation is never moved or merged (it sits behind fences,
+        # see `fence_points`); it fuses its operands as the original does.
+        rows.append((ins, st.outputs, kind, m.transient, m.hoisted, reads, copies,
+                     not st.recompute and mv[op], None if st.recompute else keys[op],
+                     fusing[op], bool(epi) and epi[op]))
       else:
-        kind = Fusion.MATERIALIZED
-      kinds.append(kind)
-      inputs.append(ins)
-      outputs.append(st.outputs)
-      transient.append(t)
-      hoisted.append(h)
-      shared.append(reads)
+        rows.append((ins, st.outputs, Fusion.MATERIALIZED, 0, 0, [], copies, False, None, False,
+                     False))
+    (inputs, outputs, kinds, transient, hoisted, shared, early, movable, cse, fuses,
+     epilogues) = (list(c) for c in zip(*rows)) if rows else ([] for _ in range(11))
     for vid in prog.invars:
       if not prog.freed_at_last_use(vid):
         end[vid] = n
@@ -239,24 +270,17 @@ class Schedule:
       start[x] = 0   # reserved for the whole step, as memory_analysis() counts them
       end[x] = n
     materialized = frozenset(prog.invars) | frozenset(prog.consts) | outs
-    mv = prog.movable
-    movable = [st.kind is StepKind.COMPUTE and not st.recompute and mv[st.op] for st in self.steps]
-    # Original ops merge as XLA's CSE merges them; recomputations sit behind
-    # fences and are kept apart (see `fence_points`).
-    keys = prog.cse_keys
-    cse = [keys[st.op] if st.kind is StepKind.COMPUTE and not st.recompute else None
-           for st in self.steps]
-    fusing = prog.operand_fusions
-    flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end,
-                          [0 if v in outs and self.value_var[v] in prog.donation_aliases
-                           else self.value_bytes(v) for v in range(nvals)], materialized,
-                          frozenset(hoist), shared, movable, cse,
-                          xla_model.on_chip_bytes(prog),
-                          [st.kind is StepKind.COMPUTE and fusing[st.op] for st in self.steps],
+    nbytes = list(_var_bytes(prog))
+    nbytes.extend(HANDLE_BYTES if var is None else prog.vars[var].nbytes
+                  for var in self.value_var[len(nbytes):])
+    for x in outs:
+      if self.value_var[x] in prog.donation_aliases:
+        nbytes[x] = 0
+    flow = lifetimes.Flow(n, kinds, inputs, outputs, transient, hoisted, start, end, nbytes,
+                          materialized, frozenset(hoist), shared, movable, cse,
+                          xla_model.on_chip_bytes(prog), fuses,
                           _copy_steps(prog.donation_copies, self.steps),
-                          self._forwarded(),
-                          [st.kind is StepKind.COMPUTE and prog.epilogues[st.op]
-                           for st in self.steps] if prog.epilogues else None,
+                          self._forwarded(), epilogues if epi else None,
                           early if any(early) else ())
     return lifetimes.estimate(flow)[0]
 
@@ -415,6 +439,54 @@ def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
         tuple(next((o for o in op.outputs if not constant_like[o]
                     and (virtual is None or not virtual[o])), None) for op in program.ops))
     _ORIGINAL_STEPS[program] = found
+  return found
+
+
+_VAR_BYTES: weakref.WeakKeyDictionary[AnalyzedProgram, tuple[int, ...]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _var_bytes(program: AnalyzedProgram) -> tuple[int, ...]:
+  """Bytes of each of the program's variables (the first values of every schedule)."""
+  found = _VAR_BYTES.get(program)
+  if found is None:
+    found = _VAR_BYTES[program] = tuple(v.nbytes for v in program.vars)
+  return found
+
+
+# What `Schedule.profile` records per step, in the order of the flow's
+# columns: value inputs, outputs, fusion kind, transient bytes, hoisted bytes,
+# shared reads, early layout copies, movable, CSE key, fuses its operands,
+# epilogue.
+_StepRow = tuple[Sequence[int], tuple[int, ...], Fusion, int, int, Sequence[tuple[int, int]],
+                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool]
+# Per op of a program: its original step's row, the inputs that step keeps
+# alive (not those read through an early layout copy), and whether it is a
+# relayout view (stored where a custom call reads it). Every schedule of the
+# program shares them: tuples, never edited.
+_ORIGINAL_ROWS: weakref.WeakKeyDictionary[
+    AnalyzedProgram, tuple[tuple[_StepRow, tuple[int, ...], bool], ...]] = (
+        weakref.WeakKeyDictionary())
+
+
+def _original_rows(program: AnalyzedProgram, original: _OriginalSteps
+                   ) -> tuple[tuple[_StepRow, tuple[int, ...], bool], ...]:
+  found = _ORIGINAL_ROWS.get(program)
+  if found is None:
+    rows = []
+    epi = program.epilogues
+    for st, m in zip(original.steps, program.planned_memory):
+      k = st.op
+      ins = tuple(x for x in st.inputs if isinstance(x, int))
+      copies = tuple((st.inputs[pos], b) for pos, b in m.early)  # type: ignore[misc]
+      copied = {x for x, _ in copies}
+      row = (ins, st.outputs, m.kind, m.transient, m.hoisted,
+             tuple((st.inputs[pos], b) for pos, b in m.shared),  # type: ignore[misc]
+             copies, program.movable[k], program.cse_keys[k], program.operand_fusions[k],
+             bool(epi) and epi[k])
+      rows.append((row, tuple(x for x in ins if x not in copied),
+                   m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout))
+    found = _ORIGINAL_ROWS[program] = tuple(rows)
   return found
 
 

@@ -159,5 +159,5 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   assert best is not None
   chosen = best[1]
   report = AutoDiagnostics(tuple(rows), chosen.planner, tuple(skipped))
-  return dataclasses.replace(chosen, planner=f"auto({chosen.planner})",
+  return chosen.replace(planner=f"auto({chosen.planner})",
                              diagnostics=(*chosen.diagnostics, report))

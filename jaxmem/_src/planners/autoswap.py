@@ -19,7 +19,15 @@ Systems* (SmartPool and AutoSwap).
   four single scores seed it, so it is never worse than the best of them.
 * §IV-D selection: candidates in descending score are swapped until the peak
   load fits the limit; here "fits" is checked with jaxmem's estimate of the
-  planned schedule, so what is selected is what the compiled program needs.
+  planned schedule, so what is selected is what the compiled program needs:
+  the shortest prefix of the ranking whose estimate fits. It is searched from
+  the paper's own prefix (the first whose linear load fits), stepping by what
+  each estimate still exceeds the budget (a secant on the linear load; the
+  gap between load and estimate is carried to the next weights), then
+  bisecting back; a handful of schedule estimates per weight vector instead
+  of one per candidate. Offloading more is not always less (a value XLA
+  fuses becomes a buffer when copied); where the steps pass over every
+  fitting prefix, a walk in growing steps from the paper's prefix follows.
 
 The Gaussian process is a small exact one (RBF kernel, expected improvement
 over random points) written with numpy; the paper does not name its
@@ -156,29 +164,89 @@ def autoswap(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
                                  pinned, copies=copies, window=window)
     return plans[key]
 
+  # What the schedule estimate adds to the linear load at its peak (XLA's
+  # temporaries, the copies' buffers): learnt from each confirmation, carried
+  # over to the next weights, so that most selections start close.
+  offset = [0.0]
+
   def select(weights: np.ndarray) -> tuple[float, Plan]:
-    order = np.argsort(-(z @ weights), kind="stable")
-    # §IV-D: add in score order until the linear load fits, then confirm with
-    # the schedule estimate, adding more (in growing batches) while it does not.
+    order = [int(j) for j in np.argsort(-(z @ weights), kind="stable")]
+    # §IV-D: swap in score order until the load fits: the shortest prefix of
+    # `order` whose schedule estimate fits. The linear load (what each swap
+    # takes off between its two accesses) finds where to look: add until it
+    # meets the budget less the offset, confirm with the estimate, and while
+    # that does not fit, lower the linear target by what the estimate
+    # exceeded it with (a secant step). Then bisect back between the longest
+    # prefix over and the first within.
     cur = load.astype(float).copy()
-    chosen: list[int] = []
-    k = 0
-    while k < len(order) and cur.max() > budget_bytes:
-      j = int(order[k])
-      chosen.append(j)
+    lin_max = [float(cur.max())]       # linear peak after each prefix length
+    for j in order:
       cur[gaps[j].start + 1: gaps[j].end] -= gaps[j].nbytes
-      k += 1
+      lin_max.append(float(cur.max()))
+
+    def linear_prefix(target: float, at_least: int) -> int:
+      k = at_least
+      while k < len(order) and lin_max[k] > target:
+        k += 1
+      return k
+
+    tried: dict[int, int] = {}         # prefix length -> estimate over the budget
+
+    def over(k: int) -> int:
+      if k not in tried:
+        tried[k] = _finish(order[:k]).estimated_peak_bytes - budget_bytes
+      return tried[k]
+
+    # The paper's rule: no prefix whose linear load is over the budget.
+    floor = linear_prefix(budget_bytes, 0)
+    lo, hi = floor, None               # every prefix shorter than lo is over; over(hi) <= 0
+    k = linear_prefix(budget_bytes - offset[0], floor)
+    stalls = 0
+    while True:
+      excess = over(k)
+      if excess <= 0:
+        hi = k
+        break
+      lo = k + 1
+      if k >= len(order):
+        break
+      offset[0] = float(excess + budget_bytes - lin_max[k])
+      nxt = linear_prefix(budget_bytes - offset[0], lo)
+      if nxt == lo and lin_max[lo] <= budget_bytes - offset[0]:
+        stalls += 1                    # the linear load no longer moves: grow
+        nxt = min(len(order), k + (1 << stalls))
+      k = nxt
+    if hi is None:
+      # The secant stepped over every fitting prefix, if any: offloading more
+      # is not always less (a value XLA fuses becomes a buffer when copied).
+      # Walk up from the paper's prefix in growing steps instead.
+      k, batch = floor, 1
+      while k < len(order):
+        k, batch = min(len(order), k + batch), 2 * batch
+        if over(k) <= 0:
+          hi = k
+          lo = max([j + 1 for j in tried if j < k and tried[j] > 0], default=floor)
+          break
+    if hi is None:                     # none fits: the lowest estimate tried
+      chosen = order[:min(tried, key=lambda k: (tried[k], k))]
+    else:
+      step = 1                         # a carried offset may overshoot: gallop down
+      while hi - step >= lo and over(hi - step) <= 0:
+        hi -= step
+        step *= 2
+      lo = max(lo, hi - step + 1)
+      while lo < hi:                   # then bisect
+        mid = (lo + hi) // 2
+        if over(mid) <= 0:
+          hi = mid
+        else:
+          lo = mid + 1
+      chosen = order[:hi]
     plan = _finish(chosen)
-    batch = 1
-    while plan.estimated_peak_bytes > budget_bytes and k < len(order):
-      chosen += [int(j) for j in order[k:k + batch]]
-      k += batch
-      batch *= 2
-      plan = _finish(chosen)
     key = tuple(sorted(chosen))
     if key not in cache:
-      over = plan.estimated_peak_bytes > budget_bytes
-      cache[key] = (simulate(plan, device).overhead + (1e3 if over else 0.0), plan)
+      exceeds = plan.estimated_peak_bytes > budget_bytes
+      cache[key] = (simulate(plan, device).overhead + (1e3 if exceeds else 0.0), plan)
     return cache[key]
 
   seeds = np.eye(4)
@@ -204,7 +272,7 @@ def autoswap(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
   diagnostics = AutoSwapDiagnostics(
       weights=tuple(tuple(float(v) for v in w) for w in xs), overheads=tuple(ys),
       best=tuple(float(v) for v in xs[int(np.argmin(ys))]))
-  return dataclasses.replace(best[1], planner=name, diagnostics=(diagnostics,))
+  return best[1].replace(planner=name, diagnostics=(diagnostics,))
 
 
 def _next_point(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

@@ -12,6 +12,7 @@ estimate, so their plans compare like for like.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -200,6 +201,18 @@ def pins(program: AnalyzedProgram) -> tuple[int, ...]:
   producers: matmuls, convolutions, custom calls, control flow) gain nothing
   from a pin.
   """
+  found = _PINS.get(program)
+  if found is None:
+    found = _PINS[program] = _pins(program)
+  return found
+
+
+# Every plan of a program starts from the same pins (planners ask for them at
+# each estimate): computed once per program, dying with it.
+_PINS: weakref.WeakKeyDictionary[AnalyzedProgram, tuple[int, ...]] = weakref.WeakKeyDictionary()
+
+
+def _pins(program: AnalyzedProgram) -> tuple[int, ...]:
   out = []
   for v in program.vars:
     if (v.role is not Role.ACTIVATION
@@ -233,7 +246,7 @@ def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes
   plan = Plan(program, decisions, int(budget_bytes), 0, program.profile.peak_bytes, name, pinned,
               copies, window)
   peak = plan.schedule().profile().peak_bytes
-  return dataclasses.replace(plan, estimated_peak_bytes=peak)
+  return plan.replace(estimated_peak_bytes=peak)
 
 
 def forward_heavy_ops(program: AnalyzedProgram) -> list[int]:

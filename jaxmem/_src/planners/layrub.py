@@ -19,10 +19,14 @@ Layrub migrates every activation regardless of a budget (its §5 reports the
 savings of migrating everything). ``budgeted=True`` (the default here, since a
 planner answers to a budget) migrates them in forward order, layer by layer
 as Algorithm 1 visits them, only until the estimate fits: the labelled
-variant the paper's policy implies for a memory limit.
+variant the paper's policy implies for a memory limit. The shortest such
+prefix is searched from the prefix whose bytes cover the excess, stepping by
+what each estimate still exceeds the budget, then bisecting.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
@@ -61,17 +65,44 @@ def layrub(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   if not budgeted:
     return common.finish(program, decisions, budget_bytes, "layrub-all", copies=copies,
                          window=window)
-  # The shortest forward-order prefix that fits (binary search over the prefix length).
-  lo, hi = 0, len(decisions)
   best = common.finish(program, decisions, budget_bytes, "layrub", copies=copies, window=window)
   if best.estimated_peak_bytes > budget_bytes:
     return best
+  # The shortest forward-order prefix that fits. A prefix frees at most its
+  # own bytes, so none shorter than the one covering the excess over the
+  # budget (from the peak with pins alone) fits: start there, step up by
+  # what each estimate still exceeds the budget by (a secant on the freed
+  # bytes), then bisect between the last prefix over and the first within.
+  # A few schedule estimates instead of a bisection over every length.
+  cum = np.cumsum([d.nbytes for d in decisions]) if decisions else np.zeros(0, np.int64)
+
+  def cover(nbytes: float) -> int:
+    return min(len(decisions), int(np.searchsorted(cum, nbytes)) + 1) if nbytes > 0 else 0
+
+  plans: dict[int, Plan] = {len(decisions): best}
+
+  def plan_of(k: int) -> Plan:
+    if k not in plans:
+      plans[k] = common.finish(program, decisions[:k], budget_bytes, "layrub", copies=copies,
+                               window=window)
+    return plans[k]
+
+  base = common.finish(program, (), budget_bytes, "layrub", copies=copies, window=window)
+  plans[0] = base
+  lo = cover(base.estimated_peak_bytes - budget_bytes)    # no shorter prefix fits
+  hi = len(decisions)                                      # fits
+  k = lo
+  while k < hi:
+    over = plan_of(k).estimated_peak_bytes - budget_bytes
+    if over <= 0:
+      hi = k
+      break
+    lo = k + 1
+    k = max(lo, cover(cum[k - 1] + over if k else over))
   while lo < hi:
     mid = (lo + hi) // 2
-    plan = common.finish(program, decisions[:mid], budget_bytes, "layrub", copies=copies,
-                         window=window)
-    if plan.estimated_peak_bytes <= budget_bytes:
-      best, hi = plan, mid
+    if plan_of(mid).estimated_peak_bytes <= budget_bytes:
+      hi = mid
     else:
       lo = mid + 1
-  return best
+  return plan_of(hi)

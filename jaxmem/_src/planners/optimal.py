@@ -163,7 +163,7 @@ def optimal(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = No
   if peak <= budget_bytes or not cols:
     plan = common.finish(program, (), budget_bytes, "optimal", pinned, copies=copies,
                          window=window)
-    return dataclasses.replace(plan, diagnostics=(MILPDiagnostics(
+    return plan.replace(diagnostics=(MILPDiagnostics(
         status, time.perf_counter() - t0, rounds_run, objective_s, proven),))
 
   gaps_by_var: dict[int, list[int]] = {}
@@ -278,7 +278,7 @@ def optimal(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = No
       break
   plan = common.finish(program, best, budget_bytes, "optimal", best_pins, copies=copies,
                        window=window)
-  return dataclasses.replace(plan, diagnostics=(MILPDiagnostics(
+  return plan.replace(diagnostics=(MILPDiagnostics(
       status, time.perf_counter() - t0, rounds_run, objective_s, proven),))
 
 

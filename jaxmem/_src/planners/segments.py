@@ -358,8 +358,8 @@ def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = N
     if filled.estimated_peak_bytes > budget_bytes:
       alone = greedy(program, budget_bytes, device, copies=copies, window=window)
       if alone.estimated_peak_bytes < filled.estimated_peak_bytes:
-        return dataclasses.replace(alone, planner="segments(greedy)")
-    return dataclasses.replace(filled, planner="segments+greedy")
+        return alone.replace(planner="segments(greedy)")
+    return filled.replace(planner="segments+greedy")
   return plan
 
 
@@ -467,10 +467,9 @@ def _offload_checkpoints(program: AnalyzedProgram, budget_bytes: int, plan: Plan
 
   def plan_of(k: int) -> Plan:
     if k not in plans:
-      plans[k] = dataclasses.replace(
-          common.finish(program, (*plan.decisions, *cands[:k]), budget_bytes, "segments+offload",
-                        plan.pinned, copies=plan.copies, window=plan.window),
-          diagnostics=plan.diagnostics)
+      plans[k] = common.finish(program, (*plan.decisions, *cands[:k]), budget_bytes,
+                               "segments+offload", plan.pinned, copies=plan.copies,
+                               window=plan.window).replace(diagnostics=plan.diagnostics)
     return plans[k]
 
   lo, hi = 1, len(cands)

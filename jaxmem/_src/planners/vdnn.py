@@ -28,7 +28,6 @@ computation on the device (:func:`common.device_window`).
 
 from __future__ import annotations
 
-import dataclasses
 
 from jaxmem._src.base.gc_pause import without_gc
 from jaxmem._src.estimate.analysis import AnalyzedProgram
@@ -89,4 +88,4 @@ def vdnn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
     plan = make(name)
     if plan.estimated_peak_bytes <= budget_bytes:
       break
-  return dataclasses.replace(plan, planner=f"vdnn-dyn({plan.planner.split('-', 1)[1]})")
+  return plan.replace(planner=f"vdnn-dyn({plan.planner.split('-', 1)[1]})")
