@@ -24,7 +24,7 @@ import jaxmem
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
   sys.path.insert(0, str(BENCH))
-from corpus import all_entries  # noqa: E402
+from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
 
 SAMPLE = ("cnn/bn-strided-s", "vae/mlp-s", "rnn/gru-scan-s", "graph/mpnn-s", "kmeans/lloyd-s",
           "contrastive/clip-mlp-s")
@@ -36,6 +36,15 @@ def test_the_corpus_is_broad():
   assert len({e.family for e in entries}) >= 12
   assert len({e.name for e in entries}) == len(entries)
   assert set(SAMPLE) <= {e.name for e in entries}
+
+
+def test_the_held_out_steps_are_apart_from_the_corpus():
+  # Measured by `bench/corpus_bench.py --set heldout` only: no test (and so
+  # no change made to pass one) looks at what jaxmem does on them.
+  heldout = all_entries(HELDOUT)
+  assert len(heldout) >= 16 and len({e.family for e in heldout}) >= 8
+  assert not {e.name for e in heldout} & {e.name for e in all_entries(FAMILIES)}
+  assert not {e.family for e in heldout} & {e.family for e in all_entries(FAMILIES)}
 
 
 @pytest.mark.parametrize("name", SAMPLE + ("gan/dcgan-s", "nnx/cnn-s"))

@@ -239,3 +239,56 @@ def test_a_cheap_value_copied_early_is_recomputed_in_its_fusible_readers():
   prof, virtual = estimate(flow)
   assert not virtual[1] and prof.intervals[1] == (0, 1)
   assert prof.live_bytes[2] == 4 * 8       # x, the copy, b and c: not `a`
+
+
+def _lattice(readers: int, *, shared_root: bool, producer_index: int = 0):
+  """x (arg 0) -> a = cheap(x) (value 1) -> `readers` slices of a -> cheap each -> root(s).
+
+  Steps: 0 makes a; 1..k slice it (new index); k+1..2k a cheap op per
+  slice; then their elementwise sum, stored (``shared_root``: one fusion),
+  or one reduce each (k fusions).
+  """
+  from jaxmem._src.estimate.xla_model import INDEX_NEW, INDEX_SAME
+  k = readers
+  kinds = [C] + [V] * k + [C] * k
+  ins = [[0]] + [[1]] * k + [[2 + i] for i in range(k)]
+  outs = [[1]] + [[2 + i] for i in range(k)] + [[2 + k + i] for i in range(k)]
+  index = [producer_index] + [INDEX_NEW] * k + [INDEX_SAME] * k
+  nb = [64, 64] + [4] * (2 * k)
+  if shared_root:             # summed elementwise into one stored result
+    acc = 2 + k
+    for i in range(1, k):
+      kinds.append(C)
+      ins.append([acc, 2 + k + i])
+      acc = len(nb)
+      outs.append([acc])
+      index.append(INDEX_SAME)
+      nb.append(4)
+    last = [acc]
+  else:
+    kinds += [R] * k
+    ins += [[2 + k + i] for i in range(k)]
+    outs += [[2 + 2 * k + i] for i in range(k)]
+    index += [INDEX_NEW] * k
+    nb += [4] * k
+    last = list(range(2 + 2 * k, 2 + 3 * k))
+  return _flow(kinds, ins, outs, nb, materialized=[0, *last], indexing=index)
+
+
+def test_xla_stores_a_value_it_would_emit_more_than_fifteen_times_in_one_fusion():
+  # `a` read by k slices inside one fusion is emitted k times: XLA's fusion
+  # refuses more than 15 (`kAllowedCodeDuplication`) and stores it instead.
+  assert estimate(_lattice(15, shared_root=True))[1][1]
+  assert not estimate(_lattice(16, shared_root=True))[1][1]
+  # In k fusions of their own (one reduce per slice), it is emitted once in
+  # each: a copy per fusion, never stored.
+  assert estimate(_lattice(16, shared_root=False))[1][1]
+  # Without the model (other compilers) it is always fused.
+  assert estimate(dataclasses.replace(_lattice(16, shared_root=True), indexing=None))[1][1]
+
+
+def test_xla_fuses_a_pad_or_concatenate_only_where_it_is_emitted_once():
+  from jaxmem._src.estimate.xla_model import INDEX_BRANCHES
+  # Its code branches (`OpInvalidatesCache`): two indexing users in one fusion store it.
+  assert estimate(_lattice(1, shared_root=True, producer_index=INDEX_BRANCHES))[1][1]
+  assert not estimate(_lattice(2, shared_root=True, producer_index=INDEX_BRANCHES))[1][1]

@@ -55,6 +55,9 @@ class AnalyzedProgram(Program):
       epilogue (:func:`~jaxmem._src.estimate.xla_model.epilogue_fusions`).
     forwards: per op, its results that store nothing of their own
       (:func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
+    indexing: per op, how a fusion it is in indexes its operands
+      (:func:`~jaxmem._src.estimate.xla_model.indexing_kinds`; ``()`` when the
+      compiler's code-duplication limit is not modelled).
   """
   profile: Profile
   memory: tuple[OpMemory, ...]
@@ -70,6 +73,7 @@ class AnalyzedProgram(Program):
   donation_copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwards: tuple[xla_model.Forwards, ...] = ()
   epilogues: tuple[bool, ...] = ()
+  indexing: tuple[int, ...] = ()
 
   @property
   def peak_bytes(self) -> int:
@@ -103,8 +107,9 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   copies = xla_model.donation_copies(program)
   forwards = xla_model.shard_map_forwards(program)
   epilogues = xla_model.epilogue_fusions(program)
+  indexing = xla_model.indexing_kinds(program)
   profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing, copies,
-                                     forwards, epilogues))[0]
+                                     forwards, epilogues, indexing))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -120,14 +125,15 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                          cse_keys=keys, hoisted=hoisted, movable=movable,
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
                          fused=fused, rematerializable=remat, operand_fusions=fusing,
-                         donation_copies=copies, forwards=forwards, epilogues=epilogues)
+                         donation_copies=copies, forwards=forwards, epilogues=epilogues,
+                         indexing=indexing)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
                     movable: tuple[bool, ...], fusing: tuple[bool, ...],
                     copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...],
-                    epilogues: tuple[bool, ...]) -> Flow:
+                    epilogues: tuple[bool, ...], indexing: tuple[int, ...] = ()) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   early = [[(op.inputs[pos], b) for pos, b in m.early] for op, m in zip(program.ops, memory)]
@@ -158,7 +164,8 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       fuses_operands=fusing, copies=copies,
       forwarded={o: src for op, fw in zip(program.ops, forwards)
                  for o, src in xla_model.forwarded_values(fw, op.inputs, op.outputs).items()},
-      epilogues=epilogues, early_copies=early if any(early) else ())
+      epilogues=epilogues, early_copies=early if any(early) else (),
+      indexing=indexing or None)
 
 
 def refine_roles(program: Program, profile: Profile) -> tuple[VarInfo, ...]:

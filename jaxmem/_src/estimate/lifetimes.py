@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxmem._src.estimate.xla_model import CseKey
+from jaxmem._src.estimate.xla_model import (ALLOWED_CODE_DUPLICATION, INDEX_BRANCHES,
+                                            INDEX_BROADCAST, INDEX_SAME, CseKey)
 from jaxmem._src.ir.primitives import FUSIBLE_CONSUMERS, Fusion
 
 
@@ -125,6 +126,10 @@ class Flow:
       (:func:`~jaxmem._src.estimate.xla_model.early_layout_copies`): the copy
       is live from the operand's start to the step, and the step does not
       keep the operand itself alive.
+    indexing: per step, how a fusion it is in indexes its operands
+      (``xla_model.INDEX_*``, :func:`~jaxmem._src.estimate.xla_model.indexing_kinds`):
+      a producer XLA would emit too many times in its readers' fusions is
+      stored. ``None``: no limit (compilers other than XLA:CPU).
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -146,6 +151,7 @@ class Flow:
   forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   epilogues: Sequence[bool] | None = None
   early_copies: Sequence[Sequence[tuple[int, int]]] = ()
+  indexing: Sequence[int] | None = None
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -279,6 +285,47 @@ def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Se
   return False
 
 
+# Per fused value, per fusion it is fused into (named by the step whose stored
+# result ends that fusion): the steps that index it there, and how many times
+# XLA emits it there.
+_Groups = dict[int, tuple[frozenset[int], int]]
+
+
+def _indexing_groups(readers: Sequence[int], outputs: Sequence[Sequence[int]],
+                     virtual: Sequence[bool], indexing: Sequence[int],
+                     groups: Mapping[int, _Groups]) -> _Groups:
+  """Per fusion a value is fused into, its indexing users there and how often XLA emits it.
+
+  After XLA's ``FusionNodeIndexingEvaluation``, which counts per fusion: a
+  reader that keeps the value's index (elementwise, transpose) passes on its
+  own indexing users; any other reader is an indexing user itself, emitted
+  as many times as its results are; a reader whose result is stored ends a
+  fusion, emitted once. Sets, not sums: two elementwise paths that meet
+  again index the value once. A step with several results (an ``unstack``)
+  stands for as many slices. Readers in different fusions each get a copy
+  of the value (XLA duplicates a cheap producer into each), counted apart.
+  """
+  users: dict[int, set[int]] = {}
+  for c in readers:
+    outs = outputs[c]
+    if len(outs) == 1 and outs[0] in groups and indexing[c] == INDEX_SAME:
+      for root, (us, _) in groups[outs[0]].items():
+        users.setdefault(root, set()).update(us)
+      continue
+    for y in outs:
+      if y in groups:
+        for root in groups[y]:
+          users.setdefault(root, set()).add(c)
+      elif not virtual[y]:
+        users.setdefault(c, set()).add(c)
+
+  def times(u: int, root: int) -> int:
+    return sum(groups[y][root][1] if y in groups and root in groups[y]
+               else int(root == u) for y in outputs[u])
+
+  return {root: (frozenset(us), sum(times(u, root) for u in us)) for root, us in users.items()}
+
+
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   """Live-bytes profile of a :class:`Flow` under the XLA model.
 
@@ -318,6 +365,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   fuses = flow.fuses_operands
   fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c])
              for c, k in enumerate(flow.step_kind)]
+  # XLA's code-duplication limit (`Flow.indexing`): per fused value, per
+  # fusion, the readers that index it anew and how often it is emitted.
+  indexing = flow.indexing or None
+  outputs = flow.step_outputs
+  groups: dict[int, _Groups] = {}
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -359,6 +411,15 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
       elif not (flow.epilogues and flow.epilogues[s]
                 and _ends_in_stored_epilogue(flow, consumers, virtual, o)):
         continue
+      if indexing is not None:
+        found = _indexing_groups(consumers[o], outputs, virtual, indexing, groups)
+        times = max((n for _, n in found.values()), default=1)
+        ind = indexing[s]
+        if kind is not Fusion.VIEW and ind != INDEX_BROADCAST and (
+            times > ALLOWED_CODE_DUPLICATION
+            or (ind == INDEX_BRANCHES and (times > 1 or len(consumers[o]) > 1))):
+          continue          # XLA would emit it too many times: stored
+        groups[o] = found
       virtual[o] = True
       for x in flow.step_inputs[s]:
         end[x] = max(end[x], end[o])

@@ -241,6 +241,11 @@ def hoisted_scalar_broadcasts(program: Program) -> tuple[int, ...]:
   return tuple(out)
 
 
+# Primitives lowered to HLO ops that XLA's fusion fuses into one reader only
+# (their emitted code branches; duplicating it is refused).
+_ONE_READER_FUSIONS = frozenset({"pad", "concatenate"})
+
+
 def op_fusion_kind(program: Program, op: Op) -> Fusion:
   """The registry's fusion class of ``op`` refined by where its result is used in ``program``.
 
@@ -278,7 +283,11 @@ def op_fusion_kind(program: Program, op: Op) -> Fusion:
   if op.primitive == "sharding_constraint" and _keeps_split(program, op):
     return Fusion.VIEW
   if facts.moves_data and program.backend == "cpu":
-    return Fusion.CHEAP
+    # XLA's elemental emitter opens new basic blocks for a pad or a
+    # concatenate, so its fusion refuses to duplicate one: read by more than
+    # one instruction it is stored (`OpInvalidatesCache` in XLA's
+    # `FusionNodeIndexingEvaluation::CodeDuplicationTooHigh`).
+    return Fusion.EXPENSIVE if op.primitive in _ONE_READER_FUSIONS else Fusion.CHEAP
   if op.primitive == "broadcast_in_dim" and program.backend == "cpu":
     ins = op.input_ids()
     if (ins and not program.constant_like[ins[0]] and program.vars[ins[0]].shape
@@ -647,6 +656,53 @@ def _arithmetic_epilogue(program: Program, vid: int) -> bool:
   return True
 
 
+# How an op reads its operands inside a fusion (`indexing_kinds`): with the
+# index of its own result (elementwise ops, transposes), with a new index
+# (every other shape change), with a new index and branching code (pad,
+# concatenate), or a broadcast (which XLA fuses whatever it costs).
+INDEX_SAME, INDEX_NEW, INDEX_BRANCHES, INDEX_BROADCAST = 0, 1, 2, 3
+#: XLA's limit on how many times a fused producer may be emitted
+#: (`FusionNodeIndexingEvaluation::kAllowedCodeDuplication`).
+ALLOWED_CODE_DUPLICATION = 15
+
+
+def indexing_kinds(program: Program) -> tuple[int, ...]:
+  """Per op, how XLA:CPU's fusion indexes its operands (``INDEX_*``); ``()`` elsewhere.
+
+  XLA fuses a producer into a consumer's fusion only while the code it
+  emits stays small: the producer is emitted once per distinct index its
+  readers in the fusion compute (an elementwise reader passes its own index
+  on; a slice, pad, reshape or broadcast computes a new one), and
+  ``FusionNodeIndexingEvaluation::CodeDuplicationTooHigh`` refuses a fusion
+  that would emit it more than ``ALLOWED_CODE_DUPLICATION`` times, or more
+  than once for a pad or a concatenate (their code branches: XLA's
+  ``ElementalIrEmitter::OpInvalidatesCache``), broadcasts excepted. The
+  lifetime estimator counts the emissions the same way
+  (:func:`~jaxmem._src.estimate.lifetimes.estimate`). Measured on a
+  diagonal state-space model whose recurrence is a ``lax.associative_scan``:
+  its backward pass is a lattice of slices, pads and sums that XLA:CPU
+  stores in part, where the estimate had fused it all.
+  """
+  if program.backend != "cpu":
+    return ()
+  out = []
+  for op in program.ops:
+    if op.primitive in _ONE_READER_FUSIONS:
+      out.append(INDEX_BRANCHES)
+    elif op.primitive == "broadcast_in_dim":
+      out.append(INDEX_BROADCAST)
+    elif op.primitive == "transpose":
+      out.append(INDEX_SAME)
+    elif (primitives.facts(op.primitive).shape is primitives.Shape.ELEMENTWISE
+          and len(op.outputs) == 1
+          and all(program.vars[x].shape == program.vars[op.outputs[0]].shape
+                  for x in op.input_ids())):
+      out.append(INDEX_SAME)
+    else:
+      out.append(INDEX_NEW)
+  return tuple(out)
+
+
 def on_chip_bytes(program: Program) -> int:
   """Temporaries the target's compiler keeps on chip, off the device-memory peak (TPU VMEM).
 
@@ -663,7 +719,8 @@ def on_chip_bytes(program: Program) -> int:
   return chip.on_chip_bytes if chip is not None else 0
 
 
-__all__ = ["CseKey", "OpMemory", "cse_keys", "early_layout_copies", "hidden_bytes",
+__all__ = ["ALLOWED_CODE_DUPLICATION", "INDEX_BRANCHES", "INDEX_BROADCAST", "INDEX_NEW",
+           "INDEX_SAME", "CseKey", "OpMemory", "cse_keys", "indexing_kinds", "early_layout_copies", "hidden_bytes",
            "donation_copies", "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
            "op_fusion_kind", "op_memory_model", "shard_map_forwards", "forwarded_values", "epilogue_fusions", "op_memory_models", "operand_fusions",
            "shared_broadcasts", "stored_broadcast_spans"]

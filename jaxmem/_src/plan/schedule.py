@@ -203,6 +203,7 @@ class Schedule:
     orig_steps, orig_rows = original.steps, _original_rows(prog, original)
     compute = StepKind.COMPUTE
     mv, keys, fusing, epi = prog.movable, prog.cse_keys, prog.operand_fusions, prog.epilogues
+    idx = prog.indexing
     # One row per step (`_StepRow`), transposed into the flow's columns below.
     rows: list[_StepRow] = []
     for i, st in enumerate(self.steps):
@@ -254,12 +255,13 @@ class Schedule:
         # see `fence_points`); it fuses its operands as the original does.
         rows.append((ins, st.outputs, kind, m.transient, m.hoisted, reads, copies,
                      not st.recompute and mv[op], None if st.recompute else keys[op],
-                     fusing[op], bool(epi) and epi[op]))
+                     fusing[op], bool(epi) and epi[op],
+                     idx[op] if idx else xla_model.INDEX_NEW))
       else:
         rows.append((ins, st.outputs, Fusion.MATERIALIZED, 0, 0, [], copies, False, None, False,
-                     False))
+                     False, xla_model.INDEX_NEW))
     (inputs, outputs, kinds, transient, hoisted, shared, early, movable, cse, fuses,
-     epilogues) = (list(c) for c in zip(*rows)) if rows else ([] for _ in range(11))
+     epilogues, indexing) = (list(c) for c in zip(*rows)) if rows else ([] for _ in range(12))
     for vid in prog.invars:
       if not prog.freed_at_last_use(vid):
         end[vid] = n
@@ -281,7 +283,7 @@ class Schedule:
                           xla_model.on_chip_bytes(prog), fuses,
                           _copy_steps(prog.donation_copies, self.steps),
                           self._forwarded(), epilogues if epi else None,
-                          early if any(early) else ())
+                          early if any(early) else (), indexing if idx else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
@@ -457,9 +459,9 @@ def _var_bytes(program: AnalyzedProgram) -> tuple[int, ...]:
 # What `Schedule.profile` records per step, in the order of the flow's
 # columns: value inputs, outputs, fusion kind, transient bytes, hoisted bytes,
 # shared reads, early layout copies, movable, CSE key, fuses its operands,
-# epilogue.
+# epilogue, indexing kind.
 _StepRow = tuple[Sequence[int], tuple[int, ...], Fusion, int, int, Sequence[tuple[int, int]],
-                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool]
+                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool, int]
 # Per op of a program: its original step's row, the inputs that step keeps
 # alive (not those read through an early layout copy), and whether it is a
 # relayout view (stored where a custom call reads it). Every schedule of the
@@ -483,7 +485,8 @@ def _original_rows(program: AnalyzedProgram, original: _OriginalSteps
       row = (ins, st.outputs, m.kind, m.transient, m.hoisted,
              tuple((st.inputs[pos], b) for pos, b in m.shared),  # type: ignore[misc]
              copies, program.movable[k], program.cse_keys[k], program.operand_fusions[k],
-             bool(epi) and epi[k])
+             bool(epi) and epi[k],
+             program.indexing[k] if program.indexing else xla_model.INDEX_NEW)
       rows.append((row, tuple(x for x in ins if x not in copied),
                    m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout))
     found = _ORIGINAL_ROWS[program] = tuple(rows)
