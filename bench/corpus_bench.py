@@ -21,6 +21,14 @@ current ones. Run:
 ``python bench/corpus_bench.py [--only SUBSTRING] [--render]``; writes
 ``bench/results/corpus.{json,md}`` and the README excerpt (``--only`` keeps the
 other entries' rows from the last run). About 20 minutes on 2 CPUs.
+
+``--set heldout`` measures the held-out steps of ``bench/corpus/heldout.py``
+instead (written after the estimate was last changed) into
+``bench/results/heldout.{json,md}``: how the main corpus's figures generalise.
+One change to the estimate followed their first run (XLA's code-duplication
+limit, found on the state-space model); that run is kept in
+``bench/results/heldout_first.json`` and summarized next to the current one.
+About 10 minutes.
 """
 
 from __future__ import annotations
@@ -48,13 +56,15 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import all_entries  # noqa: E402
+from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
 FRACTION = 0.5
 #: The first run on the corpus, before a change made after measuring it.
 BEFORE = RESULTS / "corpus_before_aliasing.json"
+#: The first run on the held-out steps, before the change made after measuring them.
+HELDOUT_FIRST = RESULTS / "heldout_first.json"
 
 
 def _fresh(args: Any) -> Any:
@@ -148,7 +158,7 @@ def _headline(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
 
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any],
-           before: dict[str, Any] | None = None) -> tuple[str, str]:
+           before: dict[str, Any] | None = None, heldout: bool = False) -> tuple[str, str]:
   """The full table and the README excerpt (the per-family summary).
 
   ``before``: an earlier run's results file, summarized in one line (what a
@@ -171,6 +181,12 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
           f"{meta['machine']}: {len(rows)} train steps of {len(families)} families from "
           "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
           "backend.")
+  if heldout:
+    head = (f"`python bench/corpus_bench.py --set heldout` jax {meta['jax']}, commit "
+            f"`{meta['commit']}`, {meta['machine']}: {len(rows)} held-out train steps of "
+            f"{len(families)} families from `bench/corpus/heldout.py`, written after jaxmem's "
+            "estimate was last changed and first measured as they came, on XLA:CPU with the "
+            "`ffi` backend.")
   summary = [
       head, "",
       f"* Estimates within ±10% of the compiled peak: **{within10} of {len(errors)}**; below "
@@ -182,7 +198,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
       f"most the unplanned peak and `fit` reaches it when asked): {len(honest)}; "
       f"failures: {len(failed)}.",
       *([f"* Before {before['meta']['change']} (commit `{before['meta']['commit']}`, the first "
-         f"run on this corpus): estimates within ±10% {_headline(before['rows'])[0]} of "
+         f"run on {'these steps' if heldout else 'this corpus'}): estimates within ±10% "
+         f"{_headline(before['rows'])[0]} of "
          f"{_headline(before['rows'])[1]}, `fit(0.5)` fits {_headline(before['rows'])[2]} "
          f"(`bench/results/{before['meta']['file']}`)."] if before else []),
       "",
@@ -197,7 +214,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
     summary.append(f"| {fam} | {len(rs)} | {span} | {sum(abs(e) <= 0.1 for e in errs)} / "
                    f"{len(errs)} | {sum(r.get('fit') == 'fits' for r in rs)} / {len(rs)} | "
                    f"{len(ok)} / {len(be)} |")
-  full = ["# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)", "",
+  title = ("# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
+           else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
+  full = [title, "",
           *summary, "",
           "Every step (peaks in MiB; `fit` at 0.5 of the unplanned compiled peak):", "",
           "| step | unplanned | estimate (error) | fit(0.5) | results / honesty | time |",
@@ -226,31 +245,37 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help="measure the entries whose name contains this")
   parser.add_argument("--render", action="store_true", help="the tables again from the JSON")
+  parser.add_argument("--set", choices=("main", "heldout"), default="main",
+                      help="the main corpus, or the held-out steps (bench/corpus/heldout.py)")
   opts = parser.parse_args()
-  path = RESULTS / "corpus.json"
+  heldout = opts.set == "heldout"
+  families = HELDOUT if heldout else FAMILIES
+  stem = "heldout" if heldout else "corpus"
+  path = RESULTS / f"{stem}.json"
   old = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
   if opts.render:
     meta, rows = old["meta"], old["rows"]
   else:
-    entries = [e for e in all_entries() if opts.only in e.name]
+    entries = [e for e in all_entries(families) if opts.only in e.name]
     done = {r["name"]: r for r in old["rows"]} if opts.only else {}
     for i, entry in enumerate(entries):
       print(f"[{i + 1}/{len(entries)}] {entry.name} ...", flush=True)
       done[entry.name] = row = measure(entry)
       print(json.dumps(row), flush=True)
-    order = [e.name for e in all_entries()]
+    order = [e.name for e in all_entries(families)]
     rows = [done[n] for n in order if n in done]
     meta = dict(jax=jax.__version__, commit=commit(),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   before = None
-  if BEFORE.exists():
-    before = json.loads(BEFORE.read_text())
-    before["meta"].setdefault("file", BEFORE.name)
-  full, excerpt = render(rows, meta, before)
-  (RESULTS / "corpus.md").write_text(full)
-  write_excerpt("corpus", excerpt)
+  first = HELDOUT_FIRST if heldout else BEFORE
+  if first.exists():
+    before = json.loads(first.read_text())
+    before["meta"].setdefault("file", first.name)
+  full, excerpt = render(rows, meta, before, heldout)
+  (RESULTS / f"{stem}.md").write_text(full)
+  write_excerpt(stem, excerpt)
   print(full)
 
 
