@@ -285,10 +285,13 @@ def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Se
   return False
 
 
-# Per fused value, per fusion it is fused into (named by the step whose stored
-# result ends that fusion): the steps that index it there, and how many times
-# XLA emits it there.
-_Groups = dict[int, tuple[frozenset[int], int]]
+# Per fused value: per fusion it is fused into (named by the step whose
+# stored result ends that fusion), the steps that index it there with how
+# many times each is emitted; and the most times the value is emitted in any
+# one fusion. Most fused values are emitted once, in one fusion, for one
+# indexing user: those are kept as a ``(root, user)`` pair, the others as
+# ``{root: {user: times}}``.
+_Groups = tuple[tuple[int, int] | dict[int, dict[int, int]], int]
 
 
 def _indexing_groups(readers: Sequence[int], outputs: Sequence[Sequence[int]],
@@ -305,25 +308,50 @@ def _indexing_groups(readers: Sequence[int], outputs: Sequence[Sequence[int]],
   stands for as many slices. Readers in different fusions each get a copy
   of the value (XLA duplicates a cheap producer into each), counted apart.
   """
-  users: dict[int, set[int]] = {}
+  if len(readers) == 1:                 # most values: one reader, nothing to merge
+    c = readers[0]
+    outs = outputs[c]
+    if len(outs) == 1:
+      found = groups.get(outs[0])
+      if found is None:
+        if not virtual[outs[0]]:
+          return (c, c), 1              # the fusion ends in it
+      elif indexing[c] == INDEX_SAME:
+        return found                    # (shared, never edited)
+      elif isinstance(found[0], tuple):
+        return (found[0][0], c), 1
+      else:
+        return ({root: {c: sum(us.values())} for root, us in found[0].items()},
+                max(sum(us.values()) for us in found[0].values()))
+  acc: dict[int, dict[int, int]] = {}
   for c in readers:
     outs = outputs[c]
-    if len(outs) == 1 and outs[0] in groups and indexing[c] == INDEX_SAME:
-      for root, (us, _) in groups[outs[0]].items():
-        users.setdefault(root, set()).update(us)
+    if len(outs) == 1 and indexing[c] == INDEX_SAME and outs[0] in groups:
+      g = groups[outs[0]][0]
+      if isinstance(g, tuple):
+        acc.setdefault(g[0], {})[g[1]] = 1
+      else:
+        for root, us in g.items():
+          acc.setdefault(root, {}).update(us)
       continue
+    per_root: dict[int, int] = {}
     for y in outs:
       if y in groups:
-        for root in groups[y]:
-          users.setdefault(root, set()).add(c)
+        g = groups[y][0]
+        if isinstance(g, tuple):
+          per_root[g[0]] = per_root.get(g[0], 0) + 1
+        else:
+          for root, us in g.items():
+            per_root[root] = per_root.get(root, 0) + sum(us.values())
       elif not virtual[y]:
-        users.setdefault(c, set()).add(c)
-
-  def times(u: int, root: int) -> int:
-    return sum(groups[y][root][1] if y in groups and root in groups[y]
-               else int(root == u) for y in outputs[u])
-
-  return {root: (frozenset(us), sum(times(u, root) for u in us)) for root, us in users.items()}
+        per_root[c] = per_root.get(c, 0) + 1
+    for root, n in per_root.items():
+      acc.setdefault(root, {})[c] = n
+  most = max((sum(us.values()) for us in acc.values()), default=1)
+  if len(acc) == 1 and most == 1:
+    ((root, us),) = acc.items()
+    return (root, next(iter(us))), 1
+  return acc, most
 
 
 def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
@@ -413,7 +441,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         continue
       if indexing is not None:
         found = _indexing_groups(consumers[o], outputs, virtual, indexing, groups)
-        times = max((n for _, n in found.values()), default=1)
+        times = found[1]
         ind = indexing[s]
         if kind is not Fusion.VIEW and ind != INDEX_BROADCAST and (
             times > ALLOWED_CODE_DUPLICATION
