@@ -295,34 +295,34 @@ _Groups = tuple[tuple[int, int] | dict[int, dict[int, int]], int]
 
 
 def _indexing_groups(readers: Sequence[int], outputs: Sequence[Sequence[int]],
-                     virtual: Sequence[bool], indexing: Sequence[int],
-                     groups: Mapping[int, _Groups]) -> _Groups:
+                     indexing: Sequence[int], groups: Mapping[int, _Groups]) -> _Groups:
   """Per fusion a value is fused into, its indexing users there and how often XLA emits it.
 
   After XLA's ``FusionNodeIndexingEvaluation``, which counts per fusion: a
   reader that keeps the value's index (elementwise, transpose) passes on its
   own indexing users; any other reader is an indexing user itself, emitted
   as many times as its results are; a reader whose result is stored ends a
-  fusion, emitted once. Sets, not sums: two elementwise paths that meet
-  again index the value once. A step with several results (an ``unstack``)
-  stands for as many slices. Readers in different fusions each get a copy
-  of the value (XLA duplicates a cheap producer into each), counted apart.
+  fusion, emitted once (as does a reader fused by a rule of its own: an
+  epilogue, a value read through a layout copy). Sets, not sums: two
+  elementwise paths that meet again index the value once. A step with
+  several results (an ``unstack``) stands for as many slices. Readers in
+  different fusions each get a copy of the value (XLA duplicates a cheap
+  producer into each), counted apart.
   """
   if len(readers) == 1:                 # most values: one reader, nothing to merge
     c = readers[0]
     outs = outputs[c]
     if len(outs) == 1:
       found = groups.get(outs[0])
-      if found is None:
-        if not virtual[outs[0]]:
-          return (c, c), 1              # the fusion ends in it
+      if found is None:                 # stored (or fused by a rule of its own):
+        return (c, c), 1                # the fusion ends in it
       elif indexing[c] == INDEX_SAME:
         return found                    # (shared, never edited)
       elif isinstance(found[0], tuple):
         return (found[0][0], c), 1
       else:
         return ({root: {c: sum(us.values())} for root, us in found[0].items()},
-                max(sum(us.values()) for us in found[0].values()))
+                max((sum(us.values()) for us in found[0].values()), default=1))
   acc: dict[int, dict[int, int]] = {}
   for c in readers:
     outs = outputs[c]
@@ -343,7 +343,7 @@ def _indexing_groups(readers: Sequence[int], outputs: Sequence[Sequence[int]],
         else:
           for root, us in g.items():
             per_root[root] = per_root.get(root, 0) + sum(us.values())
-      elif not virtual[y]:
+      else:                             # stored, or fused by a rule of its own
         per_root[c] = per_root.get(c, 0) + 1
     for root, n in per_root.items():
       acc.setdefault(root, {})[c] = n
@@ -440,7 +440,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
                 and _ends_in_stored_epilogue(flow, consumers, virtual, o)):
         continue
       if indexing is not None:
-        found = _indexing_groups(consumers[o], outputs, virtual, indexing, groups)
+        found = _indexing_groups(consumers[o], outputs, indexing, groups)
         times = found[1]
         ind = indexing[s]
         if kind is not Fusion.VIEW and ind != INDEX_BROADCAST and (
