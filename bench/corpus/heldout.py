@@ -33,6 +33,30 @@ def _labels(rng: np.random.Generator, n: int, classes: int) -> jax.Array:
   return jnp.asarray(rng.integers(0, classes, size=n), jnp.int32)
 
 
+def _image_classifier(model: nn.Module, classes: int, batch: int, image: int, seed: int,
+                      tx: optax.GradientTransformation, loss: str):
+  """``make()`` of a linen image classifier on random NHWC images and labels.
+
+  ``loss``: ``"smoothed"`` (cross-entropy against labels smoothed by 0.1) or
+  ``"integer"`` (cross-entropy with integer labels).
+  """
+  def make():
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(batch, image, image, 3)), jnp.float32)
+    y = _labels(rng, batch, classes)
+    params = model.init(jax.random.PRNGKey(seed), x)
+
+    def loss_fn(params, x, y):
+      logits = model.apply(params, x)
+      if loss == "smoothed":
+        return optax.softmax_cross_entropy(logits, optax.smooth_labels(
+            jax.nn.one_hot(y, classes), 0.1)).mean()
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return _train_step(tx, loss_fn), (params, tx.init(params), x, y)
+  return make
+
+
 # --------------------------------------------------------------------- ViT
 
 
@@ -76,20 +100,8 @@ class ViT(nn.Module):
 
 
 def _vit(model: ViT, batch: int, image: int, seed: int):
-  def make():
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.normal(size=(batch, image, image, 3)), jnp.float32)
-    y = _labels(rng, batch, model.classes)
-    params = model.init(jax.random.PRNGKey(seed), x)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-4, weight_decay=0.05))
-
-    def loss_fn(params, x, y):
-      logits = model.apply(params, x)
-      return optax.softmax_cross_entropy(logits, optax.smooth_labels(
-          jax.nn.one_hot(y, model.classes), 0.1)).mean()
-
-    return _train_step(tx, loss_fn), (params, tx.init(params), x, y)
-  return make
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-4, weight_decay=0.05))
+  return _image_classifier(model, model.classes, batch, image, seed, tx, "smoothed")
 
 
 # ---------------------------------------------------------------- ConvNeXt
@@ -129,18 +141,8 @@ class ConvNeXt(nn.Module):
 
 
 def _convnext(model: ConvNeXt, batch: int, image: int, seed: int):
-  def make():
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.normal(size=(batch, image, image, 3)), jnp.float32)
-    y = _labels(rng, batch, model.classes)
-    params = model.init(jax.random.PRNGKey(seed), x)
-    tx = optax.sgd(0.05, momentum=0.9, nesterov=True)
-
-    def loss_fn(params, x, y):
-      return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y).mean()
-
-    return _train_step(tx, loss_fn), (params, tx.init(params), x, y)
-  return make
+  return _image_classifier(model, model.classes, batch, image, seed,
+                           optax.sgd(0.05, momentum=0.9, nesterov=True), "integer")
 
 
 # ------------------------------------------------- encoder-decoder (plain JAX)
