@@ -443,9 +443,10 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         found = _indexing_groups(consumers[o], outputs, indexing, groups)
         times = found[1]
         ind = indexing[s]
+        # (A pad or concatenate read twice is already stored: on the CPU it
+        # is `Fusion.EXPENSIVE`, fused into one reader only.)
         if kind is not Fusion.VIEW and ind != INDEX_BROADCAST and (
-            times > ALLOWED_CODE_DUPLICATION
-            or (ind == INDEX_BRANCHES and (times > 1 or len(consumers[o]) > 1))):
+            times > ALLOWED_CODE_DUPLICATION or (ind == INDEX_BRANCHES and times > 1)):
           continue          # XLA would emit it too many times: stored
         groups[o] = found
       virtual[o] = True

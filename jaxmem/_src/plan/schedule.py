@@ -199,67 +199,38 @@ class Schedule:
     # concatenations were fenced on their kernels: sixteen 144 KiB copies
     # live from position 67 to their fences at 805 (+2.3 MiB at the peak).
     copied_args = frozenset(prog.invars) if prog.backend == "cpu" else frozenset()
-    original = _original_steps(prog)
-    orig_steps, orig_rows = original.steps, _original_rows(prog, original)
+    orig_steps, orig_rows = _original_steps(prog).steps, _original_rows(prog)
     compute = StepKind.COMPUTE
-    mv, keys, fusing, epi = prog.movable, prog.cse_keys, prog.operand_fusions, prog.epilogues
-    idx = prog.indexing
     # One row per step (`_StepRow`), transposed into the flow's columns below.
     rows: list[_StepRow] = []
     for i, st in enumerate(self.steps):
       op = st.op
-      if st.kind is compute and st is orig_steps[op]:
-        # An op of the program as it stands (most steps of any plan): its row
-        # is the same in every schedule of the program (`_original_rows`).
-        row, ins_kept, relayout = orig_rows[op]
+      if st.kind is compute:
+        # An op of the program as it stands (most steps of any plan) has the
+        # same row in every schedule of the program (`_original_rows`).
+        row, ins_kept, relayout = (orig_rows[op] if st is orig_steps[op]
+                                   else _step_row(prog, st, model[op]))
         if relayout and not custom_read.isdisjoint(st.outputs):
           # Stored for the custom call, fused into the others.
           row = (row[0], row[1], Fusion.CHEAP, *row[3:])
-        for x in ins_kept:
-          end[x] = i
-        for o in st.outputs:
-          start[o] = i
-          if end[o] < i:
-            end[o] = i
-        rows.append(row)
-        continue
-      ins = [x for x in st.inputs if isinstance(x, int)]
-      m = model[op] if st.kind is compute else None
-      copies: list[tuple[int, int]] = []
-      if m is not None and m.early:
-        # Read through a layout copy made where the operand is made: the
-        # operand is not kept alive for this step (`Flow.early_copies`).
-        copies = [(st.inputs[pos], b) for pos, b in m.early]  # type: ignore[misc]
-        copied = {x for x, _ in copies}
-        ins_kept = [x for x in ins if x not in copied]
+        if st.literal_dep is not None:   # fenced literals: created where it stands
+          hoist.difference_update(st.outputs)
       else:
-        ins_kept = ins
+        ins_kept = tuple(x for x in st.inputs if isinstance(x, int))
+        row = (ins_kept, st.outputs, Fusion.MATERIALIZED, 0, 0, (), (), False, None, False,
+               False, xla_model.INDEX_NEW)
       for x in ins_kept:
         end[x] = i
       for o in st.outputs:
         start[o] = i
-        end[o] = max(end[o], i)
-      if st.kind in ALIASING_KINDS:
-        start[st.outputs[0]] = i + 1
-      elif st.kind is StepKind.FENCE and st.inputs[0] in copied_args:
-        start[st.outputs[0]] = 0
-      if m is not None:
-        kind = m.kind
-        if (kind is Fusion.VIEW and not custom_read.isdisjoint(st.outputs)
-            and primitives.facts(prog.ops[op].primitive).relayout):
-          kind = Fusion.CHEAP      # stored for the custom call, fused into the others
-        reads = [(st.inputs[pos], b) for pos, b in m.shared]  # type: ignore[misc]
-        if st.literal_dep is not None:   # fenced literals: created where it stands
-          hoist.difference_update(st.outputs)
-        # A recomputation is never moved or merged (it sits behind fences,
-        # see `fence_points`); it fuses its operands as the original does.
-        rows.append((ins, st.outputs, kind, m.transient, m.hoisted, reads, copies,
-                     not st.recompute and mv[op], None if st.recompute else keys[op],
-                     fusing[op], bool(epi) and epi[op],
-                     idx[op] if idx else xla_model.INDEX_NEW))
-      else:
-        rows.append((ins, st.outputs, Fusion.MATERIALIZED, 0, 0, [], copies, False, None, False,
-                     False, xla_model.INDEX_NEW))
+        if end[o] < i:
+          end[o] = i
+      if st.kind is not compute:
+        if st.kind in ALIASING_KINDS:
+          start[st.outputs[0]] = i + 1
+        elif st.kind is StepKind.FENCE and st.inputs[0] in copied_args:
+          start[st.outputs[0]] = 0
+      rows.append(row)
     (inputs, outputs, kinds, transient, hoisted, shared, early, movable, cse, fuses,
      epilogues, indexing) = (list(c) for c in zip(*rows)) if rows else ([] for _ in range(12))
     for vid in prog.invars:
@@ -282,8 +253,8 @@ class Schedule:
                           materialized, frozenset(hoist), shared, movable, cse,
                           xla_model.on_chip_bytes(prog), fuses,
                           _copy_steps(prog.donation_copies, self.steps),
-                          self._forwarded(), epilogues if epi else None,
-                          early if any(early) else (), indexing if idx else None)
+                          self._forwarded(), epilogues if prog.epilogues else None,
+                          early if any(early) else (), indexing if prog.indexing else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
@@ -471,25 +442,34 @@ _ORIGINAL_ROWS: weakref.WeakKeyDictionary[
         weakref.WeakKeyDictionary())
 
 
-def _original_rows(program: AnalyzedProgram, original: _OriginalSteps
-                   ) -> tuple[tuple[_StepRow, tuple[int, ...], bool], ...]:
+def _step_row(program: AnalyzedProgram, st: Step, m: xla_model.OpMemory
+              ) -> tuple[_StepRow, tuple[int, ...], bool]:
+  """A compute step's row, the inputs it keeps alive (not those read through an
+  early layout copy), and whether its op is a relayout view (stored where a
+  custom call reads it). A recomputation is never moved or merged (it sits
+  behind fences, see `fence_points`); it fuses its operands as the original does.
+  """
+  k = st.op
+  ins = tuple(x for x in st.inputs if isinstance(x, int))
+  copies = tuple((st.inputs[pos], b) for pos, b in m.early)  # type: ignore[misc]
+  copied = {x for x, _ in copies}
+  row = (ins, st.outputs, m.kind, m.transient, m.hoisted,
+         tuple((st.inputs[pos], b) for pos, b in m.shared),  # type: ignore[misc]
+         copies, not st.recompute and program.movable[k],
+         None if st.recompute else program.cse_keys[k], program.operand_fusions[k],
+         bool(program.epilogues) and program.epilogues[k],
+         program.indexing[k] if program.indexing else xla_model.INDEX_NEW)
+  return (row, tuple(x for x in ins if x not in copied) if copied else ins,
+          m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout)
+
+
+def _original_rows(program: AnalyzedProgram) -> tuple[tuple[_StepRow, tuple[int, ...], bool], ...]:
+  """`_step_row` of every op's original step, made once per program."""
   found = _ORIGINAL_ROWS.get(program)
   if found is None:
-    rows = []
-    epi = program.epilogues
-    for st, m in zip(original.steps, program.planned_memory):
-      k = st.op
-      ins = tuple(x for x in st.inputs if isinstance(x, int))
-      copies = tuple((st.inputs[pos], b) for pos, b in m.early)  # type: ignore[misc]
-      copied = {x for x, _ in copies}
-      row = (ins, st.outputs, m.kind, m.transient, m.hoisted,
-             tuple((st.inputs[pos], b) for pos, b in m.shared),  # type: ignore[misc]
-             copies, program.movable[k], program.cse_keys[k], program.operand_fusions[k],
-             bool(epi) and epi[k],
-             program.indexing[k] if program.indexing else xla_model.INDEX_NEW)
-      rows.append((row, tuple(x for x in ins if x not in copied),
-                   m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout))
-    found = _ORIGINAL_ROWS[program] = tuple(rows)
+    found = _ORIGINAL_ROWS[program] = tuple(
+        _step_row(program, st, m)
+        for st, m in zip(_original_steps(program).steps, program.planned_memory))
   return found
 
 

@@ -87,9 +87,7 @@ def layrub(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
                                window=window)
     return plans[k]
 
-  base = common.finish(program, (), budget_bytes, "layrub", copies=copies, window=window)
-  plans[0] = base
-  lo = cover(base.estimated_peak_bytes - budget_bytes)    # no shorter prefix fits
+  lo = cover(plan_of(0).estimated_peak_bytes - budget_bytes)  # no shorter prefix fits
   hi = len(decisions)                                      # fits
   k = lo
   while k < hi:
