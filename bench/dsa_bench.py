@@ -12,8 +12,17 @@ exact footprint is proven optimal, nodes searched, and times. Instances:
 * real jaxmem traces: the non-fused intermediate values of the example train steps
   (:func:`jaxmem.dsa.from_program`).
 
+A second table packs instances of the character of the public "challenging" static-allocation
+suite (published with MiniMalloc, Moffitt, ASPLOS 2023: 150-450 buffers on a 2**20 time axis,
+1 MiB capacity, max load at or within 6% of it) at their capacity (``solve(capacity=...,
+goal="fit")``, stopped at ``--fit-time-limit``), beside best-fit: the generated families
+``tiling`` (:func:`jaxmem.dsa.tiling_instance`) and ``program``
+(:func:`jaxmem.dsa.program_instance`), which come with a placement at capacity, and, with
+``--suite DIR``, the public suite's own CSV files (``*.<capacity>.csv``, not shipped here).
+
 Writes bench/results/dsa.{json,md,png}. Run: ``python bench/dsa_bench.py [--quick]
-[--time-limit S]`` (the full run takes about 1.5 minutes on 2 cores).
+[--time-limit S] [--fit-time-limit S] [--suite DIR]`` (about 1.5 minutes for the first table,
+up to 16 x ``--fit-time-limit`` for the second, on 2 cores).
 """
 
 from __future__ import annotations
@@ -111,6 +120,79 @@ def run(quick: bool, time_limit: float) -> list[dict]:
   return rows
 
 
+GENERATED_SEEDS = tuple(range(8))
+
+
+def challenging_instances(quick: bool, suite: str | None):
+  seeds = GENERATED_SEEDS[:2] if quick else GENERATED_SEEDS
+  for family, make in (("tiling", dsa.tiling_instance), ("program", dsa.program_instance)):
+    for seed in seeds:
+      inst = make(seed)
+      yield f"{family}/s{seed}", family, (inst.lower, inst.upper, inst.size), inst.capacity
+  if suite:
+    for path in sorted(pathlib.Path(suite).glob("*.csv")):
+      capacity = int(path.suffixes[-2].lstrip(".")) if len(path.suffixes) >= 2 else 1 << 20
+      inst = dsa.read_csv(path)
+      yield f"suite/{path.name.split('.')[0]}", "suite", (inst.lower, inst.upper, inst.size), capacity
+
+
+def run_challenging(quick: bool, time_limit: float, suite: str | None) -> list[dict]:
+  rows = []
+  for name, family, (lower, upper, size), capacity in challenging_instances(quick, suite):
+    print(f"[{name}] n={len(size)} packing at {capacity:,} ...", file=sys.stderr, flush=True)
+    bf = dsa.solve(lower, upper, size, method="best-fit")
+    try:
+      sol = dsa.solve(lower, upper, size, capacity=capacity, goal="fit", time_limit_s=time_limit)
+    except dsa.CapacityError as e:
+      sol = e.solution
+    footprint = dsa.check(lower, upper, size, sol.offsets)   # checked independently
+    rows.append(dict(
+        instance=name, family=family, n=len(size), capacity=capacity,
+        max_load_ratio=sol.max_load / capacity, best_fit_ratio=bf.footprint / capacity,
+        best_fit_s=bf.seconds, packed=footprint <= capacity, footprint_ratio=footprint / capacity,
+        seconds=sol.seconds, nodes=sol.nodes, method=sol.method))
+  return rows
+
+
+def challenging_markdown(rows: list[dict], time_limit: float) -> str:
+  lines = [
+      "## Packing at capacity: instances of the public challenging suite's character", "",
+      ("Each instance is packed at its capacity (`solve(capacity=..., goal=\"fit\")`: "
+       "best-fit and first-fit, then MiniMalloc's decision search, `ffi/dsa_pack.cc`), stopped "
+       f"after {time_limit:g} s. Ratios are to the capacity; every placement is checked with "
+       "`dsa.check`. `tiling`: guillotine tilings of time x capacity with buffers dropped off "
+       "the peak (`dsa.tiling_instance`); `program`: a program's allocations run in the "
+       "capacity with random placement, its free gaps filled at a few ops "
+       "(`dsa.program_instance`); both come with a placement at capacity, so every one is "
+       "feasible. `suite`: the public files (`--suite`)."), "",
+      "| instance | n | max load / capacity | best-fit / capacity | packed at capacity | "
+      "footprint / capacity | seconds | nodes | found by |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+        f"| {r['instance']} | {r['n']} | {r['max_load_ratio']:.4f} | {r['best_fit_ratio']:.4f} | "
+        f"{'yes' if r['packed'] else 'no'} | {r['footprint_ratio']:.4f} | {r['seconds']:.2f} | "
+        f"{r['nodes']:,} | {r['method']} |")
+  lines += ["", challenging_summary(rows, time_limit)]
+  return "\n".join(lines) + "\n"
+
+
+def challenging_summary(rows: list[dict], time_limit: float) -> str:
+  out = []
+  for family in ("suite", "tiling", "program"):
+    sub = [r for r in rows if r["family"] == family]
+    if not sub:
+      continue
+    packed = [r for r in sub if r["packed"]]
+    times = sorted(r["seconds"] for r in packed)
+    took = (f", in {times[0]:.2f} to {times[-1]:.2f} s (median "
+            f"{float(np.median(times)):.2f} s)" if times else "")
+    out.append(f"* {family}: {len(packed)} of {len(sub)} packed at capacity within "
+               f"{time_limit:g} s{took}; best-fit packs {sum(r['best_fit_ratio'] <= 1 for r in sub)}.")
+  return "\n".join(out)
+
+
 def _ms(s: float) -> str:
   return f"{1e3 * s:.1f}"
 
@@ -195,26 +277,35 @@ def main() -> None:
   parser.add_argument("--quick", action="store_true", help="fewer, smaller instances")
   parser.add_argument("--time-limit", type=float, default=2.0,
                       help="seconds for each exact search (default 2)")
+  parser.add_argument("--fit-time-limit", type=float, default=20.0,
+                      help="seconds for each packing at capacity (default 20)")
+  parser.add_argument("--suite", default=None,
+                      help="a folder of the public challenging suite's CSV files")
   parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
   args = parser.parse_args()
   t0 = time.perf_counter()
   rows = run(args.quick, args.time_limit)
-  meta = dict(time_limit_s=args.time_limit, machine=platform.machine(),
+  packing = run_challenging(args.quick, args.fit_time_limit, args.suite)
+  meta = dict(time_limit_s=args.time_limit, fit_time_limit_s=args.fit_time_limit,
+              machine=platform.machine(),
               python=platform.python_version(), numpy=np.__version__,
               date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
               total_s=round(time.perf_counter() - t0, 1))
-  text = markdown(rows, meta)
+  text = markdown(rows, meta) + "\n" + challenging_markdown(packing, args.fit_time_limit)
   print(text)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "dsa.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+  (out / "dsa.json").write_text(json.dumps(dict(meta=meta, rows=rows, packing=packing), indent=1))
   (out / "dsa.md").write_text(text)
   print(f"wrote {out / 'dsa.json'}, {out / 'dsa.md'}")
   trace_ms = max((r["exact_s"] for r in rows if r["family"] == "trace"), default=0.0) * 1e3
   excerpt = (f"`python bench/dsa_bench.py` ({meta['date']}; `bench/results/dsa.md`): footprint / "
              "max load (1 is optimal) of best-fit by decreasing size (SmartPool), first-fit and "
              f"the exact search stopped after {meta['time_limit_s']:g} s; the slowest exact "
-             f"solve of a jaxmem trace took {trace_ms:.1f} ms.\n\n" + summary(rows))
+             f"solve of a jaxmem trace took {trace_ms:.1f} ms.\n\n" + summary(rows)
+             + "\n\nPacking at capacity instances of the public challenging suite's character "
+             "(`suite`: its own files; `tiling`, `program`: generated, with a placement at "
+             "capacity):\n\n" + challenging_summary(packing, args.fit_time_limit))
   print(f"wrote {write_excerpt('dsa_bench', excerpt, out)}")
   if plot(rows, out / "dsa.png"):
     print(f"wrote {out / 'dsa.png'}")

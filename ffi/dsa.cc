@@ -466,7 +466,7 @@ bool RoundRobin(const Problem& p, const Options& options, Clock::time_point t0,
     }
     limit = limit > std::numeric_limits<int64_t>::max() / 2 ? 0 : 2 * limit;
   }
-  r->nodes = total;
+  r->nodes += total;
   if (inc.improved) {
     r->offsets = std::move(inc.offsets);
     r->footprint = inc.footprint;
@@ -588,12 +588,95 @@ Result Exact(const Problem& p, const Options& options) {
   Result first = Greedy(p, Fit::kFirst);
   if (first.footprint < best.footprint) best = std::move(first);
   const int64_t max_load = best.max_load;
+  int64_t lower_bound = max_load;
   bool proven = best.footprint <= max_load;
   const bool hopeless = options.capacity >= 0 && max_load > options.capacity;
-  if (!proven && !hopeless) {
-    proven = RoundRobin(p, options, t0, max_load, &best);
+  const bool has_deadline = std::isfinite(options.time_limit_s);
+  auto left = [&]() {
+    return has_deadline ? std::max(0.0, options.time_limit_s - SecondsSince(t0))
+                        : std::numeric_limits<double>::infinity();
+  };
+  // 0: no node limit; -1: the limit is used up.
+  auto nodes_left = [&]() -> int64_t {
+    if (options.node_limit <= 0) return 0;
+    return best.nodes < options.node_limit ? options.node_limit - best.nodes : -1;
+  };
+  auto out_of_budget = [&]() {
+    return (has_deadline && left() <= 0) || nodes_left() < 0;
+  };
+  // Decision searches (MiniMalloc's, dsa_pack.cc) at fixed capacities.
+  auto pack = [&](int64_t capacity, double seconds) {
+    if (out_of_budget()) {
+      best.timed_out = true;
+      return PackStatus::kLimit;
+    }
+    PackResult pr = Pack(p, capacity, seconds, nodes_left());
+    best.nodes += pr.nodes;
+    if (pr.status == PackStatus::kFound) {
+      const int64_t footprint = FootprintOf(p, pr.offsets);
+      if (footprint < best.footprint) {
+        best.offsets = std::move(pr.offsets);
+        best.footprint = footprint;
+        best.method = "pack";
+      }
+    } else if (pr.status == PackStatus::kInfeasible) {
+      lower_bound = std::max(lower_bound, capacity + 1);
+    } else {
+      best.timed_out = true;
+    }
+    return pr.status;
+  };
+  // 1. The capacity asked for: a placement within it is what the caller
+  //    needs first (with `stop_at_capacity`, all it needs).
+  if (!proven && !hopeless && options.capacity >= 0 && best.footprint > options.capacity) {
+    pack(options.capacity, left());
   }
+  const bool done = options.stop_at_capacity && options.capacity >= 0 &&
+                    best.footprint <= options.capacity;
+  // 2. The max load (a placement there is optimal) with a third of the time
+  //    left, then bisection on the capacity between the best lower bound and
+  //    the best footprint, each probe with a third of the time left, while
+  //    more than a quarter of the time limit remains; the rest goes to the
+  //    branch-and-bound below. A probe that runs out of time counts as a
+  //    failure (unproven); without a time limit every probe finishes and the
+  //    bisection ends with the optimum.
+  if (best.footprint <= max_load) proven = true;
+  if (!proven && !hopeless && !done) {
+    auto slice = [&]() {
+      return has_deadline ? left() / 3 : std::numeric_limits<double>::infinity();
+    };
+    PackStatus st = pack(max_load, slice());
+    int64_t lo = max_load + 1, hi = best.footprint - 1;
+    while (st != PackStatus::kFound && lo <= hi && !out_of_budget() &&
+           (!has_deadline || left() > options.time_limit_s / 4)) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      const int64_t nodes_before = best.nodes;
+      st = pack(mid, slice());
+      if (st == PackStatus::kFound) {
+        hi = best.footprint - 1;
+        st = PackStatus::kLimit;  // keep bisecting below the new footprint
+      } else {
+        lo = mid + 1;
+        // Too large for the decision search: no probe will do better.
+        if (st == PackStatus::kLimit && best.nodes == nodes_before) break;
+      }
+    }
+    if (lower_bound >= best.footprint) proven = true;
+  }
+  // 3. Branch-and-bound on the footprint from the best placement so far.
+  if (!proven && !hopeless && !done && lower_bound < best.footprint) {
+    if (out_of_budget()) {
+      best.timed_out = true;
+    } else {
+      Options rest = options;
+      rest.node_limit = nodes_left();
+      best.timed_out = false;
+      proven = RoundRobin(p, rest, t0, lower_bound, &best);
+    }
+  }
+  if (lower_bound >= best.footprint) proven = true;
   Finish(&best, max_load, proven, t0);
+  if (!best.proven_optimal) best.lower_bound = lower_bound;
   return best;
 }
 

@@ -13,7 +13,11 @@
 //   * `Greedy`   -- SmartPool's heuristic (its §III-C): buffers by
 //                   decreasing size, each into the best (or first) fitting hole
 //                   left by the already placed buffers that overlap it in time;
-//   * `Exact`    -- a branch-and-bound over canonical placements (each buffer
+//   * `Pack`     -- MiniMalloc's decision search (dsa_pack.cc): a placement
+//                   within a given capacity, or a proof that none exists;
+//   * `Exact`    -- `Pack` at the capacity asked for and at the max load
+//                   (a placement there is optimal), then
+//                   a branch-and-bound over canonical placements (each buffer
 //                   at offset 0 or on the top of an already placed buffer that
 //                   overlaps it in time, placed bottom-up) with cross-section
 //                   lower bounds and a dominance rule, seeded with `Greedy`
@@ -59,20 +63,27 @@ struct Options {
   int64_t node_limit = 0;
   // Memory available, in bytes; -1 for none. When the max load already
   // exceeds it no solution can fit and `Solve` skips the exact search.
+  // Otherwise the exact search first looks for a placement within it.
   int64_t capacity = -1;
+  // With a capacity: stop at the first placement within it instead of
+  // minimising the footprint further.
+  bool stop_at_capacity = false;
 };
 
 struct Result {
   std::vector<int64_t> offsets;  // one per buffer, in input order
   int64_t footprint = 0;         // max(offset + size), 0 for no buffers
   int64_t max_load = 0;          // the lower bound (max summed live size)
-  int64_t lower_bound = 0;       // footprint if proven optimal, else max_load
+  int64_t lower_bound = 0;       // footprint if proven optimal, else the
+                                 // max load or a capacity proven too small
   bool proven_optimal = false;   // footprint is the optimum
   bool timed_out = false;        // the exact search hit its time/node limit
   int64_t nodes = 0;             // search nodes visited (0 for the heuristics)
   double seconds = 0.0;          // wall-clock time of the whole solve
   std::string method;            // algorithm that produced `offsets`:
-                                 // "best-fit", "first-fit" or "exact"
+                                 // "best-fit", "first-fit", "pack" (the
+                                 // decision search) or "exact" (the
+                                 // branch-and-bound)
   bool feasible = true;          // capacity < 0 or footprint <= capacity
 };
 
@@ -97,8 +108,10 @@ int64_t MaxLoad(const Problem& p);
 // SmartPool (§III-C). Validates `p`.
 Result Greedy(const Problem& p, Fit fit);
 
-// Branch-and-bound, seeded with the better of best-fit and first-fit (so
-// never worse than either). Validates `p`. The seeds always run to the end
+// Seeded with the better of best-fit and first-fit (so never worse than
+// either): `Pack` at `options.capacity` when given (and the seeds do not fit
+// it), then `Pack` at the max load for half of the time left, then the
+// branch-and-bound from the best placement for the rest. Validates `p`. The seeds always run to the end
 // (O(n^2 log n)); `options.time_limit_s` counts from the start of the call.
 Result Exact(const Problem& p, const Options& options);
 
@@ -108,6 +121,30 @@ Result Exact(const Problem& p, const Options& options);
 // std::invalid_argument for an unknown method or a bad problem.
 Result Solve(const Problem& p, const std::string& method,
              const Options& options);
+
+// Outcome of `Pack`.
+enum class PackStatus {
+  kFound,       // `offsets` fit in the capacity
+  kInfeasible,  // proven: no placement fits in the capacity
+  kLimit,       // the time or node limit ran out (or the instance is too
+                // large for the search) before either was shown
+};
+
+struct PackResult {
+  PackStatus status = PackStatus::kLimit;
+  std::vector<int64_t> offsets;  // one per buffer when found, else empty
+  int64_t nodes = 0;
+  double seconds = 0.0;
+};
+
+// Does the instance fit in `capacity` bytes? MiniMalloc's decision search
+// (Moffitt, ASPLOS 2023; see dsa_pack.cc): canonical bottom-up placements,
+// cross-section inference, dominance, dynamic temporal decomposition and
+// round-robin static preorderings. `time_limit_s`: infinity for no limit;
+// `node_limit`: 0 for none. Validates `p`; throws std::invalid_argument for a
+// negative capacity.
+PackResult Pack(const Problem& p, int64_t capacity, double time_limit_s,
+                int64_t node_limit);
 
 // Validates `offsets` (same length, non-negative, no two buffers that share a
 // time step share a byte) in O(n log n). Throws like `Validate` on a bad

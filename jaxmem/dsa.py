@@ -1,7 +1,9 @@
 """Offline Dynamic Storage Allocation: static offsets for buffers with known lifetimes.
 
-Public API of :mod:`jaxmem._src.native.dsa` (see there for the algorithms), and
-:func:`from_program`, the instance of a program's estimated lifetimes:
+Public API of :mod:`jaxmem._src.native.dsa` (see there for the algorithms),
+:func:`from_program`, the instance of a program's estimated lifetimes, and
+generators of hard instances with a known placement at capacity
+(:func:`tiling_instance`, :func:`program_instance`):
 
 >>> import jaxmem
 >>> sol = jaxmem.dsa.solve(lower=[0, 1], upper=[2, 3], size=[16, 8])
@@ -11,6 +13,7 @@ Public API of :mod:`jaxmem._src.native.dsa` (see there for the algorithms), and
 
 from jaxmem._src.estimate.analysis import allocation_instance as from_program
 from jaxmem._src.native.dsa import (
+    GOALS,
     METHODS,
     CapacityError,
     CsvInstance,
@@ -21,8 +24,10 @@ from jaxmem._src.native.dsa import (
     solve,
     write_csv,
 )
+from jaxmem._src.native.dsa_instances import Instance, program_instance, tiling_instance
 
 __all__ = [
-    "METHODS", "CapacityError", "CsvInstance", "Solution", "check", "from_program", "max_load",
-    "read_csv", "solve", "write_csv",
+    "GOALS", "METHODS", "CapacityError", "CsvInstance", "Instance", "Solution", "check",
+    "from_program", "max_load", "program_instance", "read_csv", "solve", "tiling_instance",
+    "write_csv",
 ]

@@ -3,7 +3,9 @@
 // Python bindings of the offline DSA solver (dsa.h):
 //
 //   _native.dsa_solve(lower, upper, size, method, capacity, time_limit_s,
-//                     node_limit) -> dict
+//                     node_limit, stop_at_capacity) -> dict
+//   _native.dsa_pack(lower, upper, size, capacity, time_limit_s, node_limit)
+//       -> dict
 //   _native.dsa_check(lower, upper, size, offsets) -> dict
 //   _native.dsa_max_load(lower, upper, size) -> int
 //
@@ -59,9 +61,11 @@ void RegisterDsaBindings(nb::module_& m) {
       "dsa_solve",
       [](const I64Array& lower, const I64Array& upper, const I64Array& size,
          const std::string& method, std::optional<int64_t> capacity,
-         std::optional<double> time_limit_s, int64_t node_limit) {
+         std::optional<double> time_limit_s, int64_t node_limit,
+         bool stop_at_capacity) {
         const dsa::Problem p = ToProblem(lower, upper, size);
         dsa::Options options;
+        options.stop_at_capacity = stop_at_capacity;
         options.time_limit_s =
             time_limit_s ? *time_limit_s
                          : std::numeric_limits<double>::infinity();
@@ -88,10 +92,39 @@ void RegisterDsaBindings(nb::module_& m) {
       nb::arg("lower"), nb::arg("upper"), nb::arg("size"),
       nb::arg("method") = "auto", nb::arg("capacity") = nb::none(),
       nb::arg("time_limit_s") = 1.0, nb::arg("node_limit") = 0,
+      nb::arg("stop_at_capacity") = false,
       "Offline DSA: offsets for buffers live on [lower, upper) (int64 arrays). "
       "Returns a dict (offsets, footprint, max_load, lower_bound, "
       "proven_optimal, timed_out, nodes, seconds, method, feasible). "
       "time_limit_s=None: no limit. Raises ValueError on bad input.");
+
+  m.def(
+      "dsa_pack",
+      [](const I64Array& lower, const I64Array& upper, const I64Array& size,
+         int64_t capacity, std::optional<double> time_limit_s,
+         int64_t node_limit) {
+        const dsa::Problem p = ToProblem(lower, upper, size);
+        dsa::PackResult r;
+        {
+          nb::gil_scoped_release release;
+          r = dsa::Pack(p, capacity,
+                        time_limit_s ? *time_limit_s
+                                     : std::numeric_limits<double>::infinity(),
+                        node_limit);
+        }
+        nb::dict d;
+        d["status"] = r.status == dsa::PackStatus::kFound        ? "found"
+                      : r.status == dsa::PackStatus::kInfeasible ? "infeasible"
+                                                                 : "limit";
+        d["nodes"] = r.nodes;
+        d["seconds"] = r.seconds;
+        d["offsets"] = ToNumpy(std::move(r.offsets));
+        return d;
+      },
+      nb::arg("lower"), nb::arg("upper"), nb::arg("size"), nb::arg("capacity"),
+      nb::arg("time_limit_s") = 1.0, nb::arg("node_limit") = 0,
+      "Decision DSA: offsets within `capacity` bytes. Returns a dict (status: "
+      "'found', 'infeasible' or 'limit'; offsets; nodes; seconds).");
 
   m.def(
       "dsa_check",

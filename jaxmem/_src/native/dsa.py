@@ -16,11 +16,17 @@ Learning Systems*, §III-A). Two algorithms run in the native extension
   default) or lowest (first-fit) hole left between the already placed buffers
   that overlap it in time, or on top of them. O(n² log n).
 * ``"exact"`` (alias ``"auto"``): starts from the better of the two greedy
-  solutions, then a branch-and-bound over canonical placements (every buffer
-  at offset 0 or on the top of a time-overlapping buffer, placed bottom-up)
-  pruned with cross-section lower bounds. When it finishes the footprint is
-  proven optimal; when ``time_limit_s`` runs out it returns the best solution
-  found, never worse than best-fit.
+  solutions. Then MiniMalloc's decision search (Moffitt, *MiniMalloc: A
+  Lightweight Memory Allocator for Hardware-Accelerated Machine Learning*,
+  ASPLOS 2023; ``ffi/dsa_pack.cc``: canonical bottom-up placements,
+  cross-section inference, dominance, dynamic temporal decomposition,
+  round-robin preorderings) looks for a placement within ``capacity`` (when
+  given) and at the max load (which is then optimal), for half of the time
+  left; the rest goes to a branch-and-bound on the footprint over the same
+  canonical placements, pruned with cross-section lower bounds. When a
+  search finishes the footprint is proven optimal; when ``time_limit_s``
+  runs out it returns the best solution found, never worse than best-fit.
+  ``goal="fit"`` stops at the first placement within ``capacity``.
 
 Example:
   >>> from jaxmem import dsa
@@ -55,12 +61,14 @@ from jaxmem._src.base.errors import JaxmemError, format_bytes
 from jaxmem._src.native.extension import native_module as _native
 
 __all__ = [
-    "METHODS", "CapacityError", "CsvInstance", "Solution", "capacity_bytes", "check", "max_load",
+    "GOALS", "METHODS", "CapacityError", "CsvInstance", "Solution", "capacity_bytes", "check", "max_load",
     "read_csv", "solve", "write_csv",
 ]
 
 #: Accepted values of ``solve(method=...)``.
 METHODS = ("auto", "best-fit", "first-fit", "exact")
+#: Accepted values of ``solve(goal=...)``.
+GOALS = ("minimize", "fit")
 
 ArrayLike = Sequence[int] | np.ndarray
 
@@ -76,12 +84,14 @@ class Solution:
     proven_optimal: no valid placement has a smaller footprint (the footprint
       reached ``max_load`` or the exact search finished).
     method: algorithm that produced ``offsets``: ``"best-fit"``,
-      ``"first-fit"`` or ``"exact"`` (an exact search whose greedy start was
-      never improved reports the greedy method).
+      ``"first-fit"``, ``"pack"`` (the decision search) or ``"exact"`` (the
+      branch-and-bound); an exact search whose greedy start was never
+      improved reports the greedy method.
     seconds: wall-clock solve time.
     nodes: branch-and-bound nodes visited (0 for the greedy methods).
     lower_bound: the best proven lower bound: ``footprint`` when proven
-      optimal, else ``max_load``.
+      optimal, else ``max_load``, or one more than a capacity the decision
+      search proved too small.
     timed_out: the exact search stopped at its time or node limit.
 
   Example:
@@ -202,7 +212,7 @@ def capacity_bytes(capacity: int | str | None) -> int | None:
 
 def solve(lower: ArrayLike, upper: ArrayLike, size: ArrayLike, *, capacity: int | str | None = None,
           time_limit_s: float | None = 1.0, method: str = "auto",
-          node_limit: int | None = None) -> Solution:
+          node_limit: int | None = None, goal: str = "minimize") -> Solution:
   """Offsets for buffers live on ``[lower, upper)`` taking ``size`` bytes.
 
   The GIL is released while the native solver runs.
@@ -221,6 +231,10 @@ def solve(lower: ArrayLike, upper: ArrayLike, size: ArrayLike, *, capacity: int 
       branch-and-bound within the time limit, keeping the best),
       ``"exact"``, ``"best-fit"`` or ``"first-fit"``.
     node_limit: stop the exact search after this many nodes (None: no limit).
+    goal: ``"minimize"`` (the smallest footprint found within the limits)
+      or ``"fit"`` (stop at the first placement within ``capacity``, which
+      must be given: MiniMalloc's question, and much faster when the
+      capacity is above the optimum).
 
   Returns:
     A :class:`Solution`.
@@ -237,6 +251,11 @@ def solve(lower: ArrayLike, upper: ArrayLike, size: ArrayLike, *, capacity: int 
   """
   if method not in METHODS:
     raise ValueError(f"unknown method {method!r}; use one of {', '.join(map(repr, METHODS))}")
+  if goal not in GOALS:
+    raise ValueError(f"`goal` must be one of {', '.join(map(repr, GOALS))}; got {goal!r}")
+  if goal == "fit" and capacity is None:
+    raise ValueError("`goal`='fit' stops at the first placement within `capacity`: pass "
+                     "`capacity` too, or goal='minimize'.")
   if time_limit_s is not None:
     time_limit_s = float(time_limit_s)
     if math.isnan(time_limit_s) or time_limit_s < 0:
@@ -247,7 +266,8 @@ def solve(lower: ArrayLike, upper: ArrayLike, size: ArrayLike, *, capacity: int 
     raise ValueError(f"`node_limit` must be >= 0 or None, got {node_limit}")
   cap = capacity_bytes(capacity)
   lo, up, sz = _instance(lower, upper, size)
-  r = _native.dsa_solve(lo, up, sz, method, cap, time_limit_s, int(node_limit or 0))
+  r = _native.dsa_solve(lo, up, sz, method, cap, time_limit_s, int(node_limit or 0),
+                        goal == "fit")
   sol = Solution(offsets=np.asarray(r["offsets"], dtype=np.int64), footprint=int(r["footprint"]),
                  max_load=int(r["max_load"]), proven_optimal=bool(r["proven_optimal"]),
                  method=str(r["method"]), seconds=float(r["seconds"]), nodes=int(r["nodes"]),
@@ -340,13 +360,18 @@ class CsvInstance(NamedTuple):
 
 
 _COLUMNS = ("id", "lower", "upper", "size", "offset")
+#: Other names of the columns in the public benchmark files (MiniMalloc's
+#: converter reads these too): ``buffer`` for ``id``, ``begin``/``start`` and
+#: ``end`` for ``lower`` and ``upper``.
+_ALIASES = {"buffer": "id", "begin": "lower", "start": "lower", "end": "upper"}
 
 
 def read_csv(path: str | os.PathLike[str] | io.TextIOBase) -> CsvInstance:
   """Reads ``id,lower,upper,size[,offset]`` rows (half-open ``[lower, upper)``).
 
   A header line is optional; with one, columns may come in any order and extra
-  columns are ignored. Blank lines and lines starting with ``#`` are skipped.
+  columns are ignored; ``buffer``, ``begin``/``start`` and ``end`` are read as
+  ``id``, ``lower`` and ``upper`` (the public benchmark files use both). Blank lines and lines starting with ``#`` are skipped.
 
   Args:
     path: a file path, ``"-"`` for stdin, or an open text file.
@@ -378,7 +403,7 @@ def _read_rows(f: Iterable[str], where: str) -> CsvInstance:
   seen: dict[int, int] = {}
   for lineno, fields in _csv_lines(f):
     if columns is None and not is_int(fields[0]):  # the header
-      names = [x.strip().lower() for x in fields]
+      names = [_ALIASES.get(x.strip().lower(), x.strip().lower()) for x in fields]
       missing = [c for c in _COLUMNS[:4] if c not in names]
       if missing:
         raise ValueError(f"{where}:{lineno}: header {','.join(fields)!r} lacks column(s) "
