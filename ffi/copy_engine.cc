@@ -268,7 +268,8 @@ Status CopyEngine::Claim(uint64_t ticket, CopyKind kind, const void* xla_buffer,
 }
 
 Status CopyEngine::StartOffload(const void* src, size_t bytes,
-                                uint32_t dtype_code, uint64_t* ticket) {
+                                uint32_t dtype_code, uint64_t* ticket,
+                                PlanSlot where) {
   if (bytes > 0 && src == nullptr) {
     return Fail(
         InvalidArgument("offload_start: source buffer is null but has " +
@@ -281,7 +282,7 @@ Status CopyEngine::StartOffload(const void* src, size_t bytes,
   job->src = src;
   // From the host store's arena (the same allocator as synchronous puts), so
   // the entry that FinishOffload publishes needs no second copy.
-  Status st = HostStore::Global().AllocateBuffer(bytes, &job->host);
+  Status st = HostStore::Global().AllocateBuffer(bytes, &job->host, where);
   if (!st.ok()) return Fail(st.Prefixed("offload_start: "));
   job->dst = job->host.data();
   *ticket = Submit(std::move(job));

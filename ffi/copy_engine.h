@@ -90,9 +90,10 @@ class CopyEngine {
 
   // Enqueues a copy of `bytes` bytes at `src` into a new host buffer. `src`
   // must stay valid and unmodified until `FinishOffload`. Writes the ticket
-  // to `*ticket`; fails like `HostStore::AllocateBuffer`.
+  // to `*ticket`; fails like `HostStore::AllocateBuffer`, which takes the
+  // host buffer from `where`'s planned slot when there is one.
   Status StartOffload(const void* src, size_t bytes, uint32_t dtype_code,
-                      uint64_t* ticket) EXCLUDES(mu_);
+                      uint64_t* ticket, PlanSlot where = {}) EXCLUDES(mu_);
 
   // Waits for the offload `ticket` (started from `src`), publishes the host
   // copy in the host store and writes its handle to `*handle`.

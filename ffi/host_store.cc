@@ -4,14 +4,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "arena/best_fit_arena.h"
 #include "arena/heap_arena.h"
+#include "arena/planned_arena.h"
 #include "arena/virtual_chunk_arena.h"
 #include "ids.h"
 
@@ -67,11 +70,10 @@ Status ParseHostArenaConfig(const std::string& text, HostArenaConfig* out) {
   HostArenaConfig c;
   const size_t colon = text.find(':');
   c.mode = Trim(text.substr(0, colon));
-  if (c.mode != "best_fit" && c.mode != "virtual" && c.mode != "heap") {
-    return InvalidArgument(
-        "unknown host arena mode '" + c.mode +
-        "': expected 'best_fit', 'virtual' or 'heap' (planned mode is "
-        "not available to the host store)");
+  if (c.mode != "planned" && c.mode != "best_fit" && c.mode != "virtual" &&
+      c.mode != "heap") {
+    return InvalidArgument("unknown host arena mode '" + c.mode +
+                           "': expected 'planned', 'best_fit', 'virtual' or 'heap'");
   }
   if (colon != std::string::npos) {
     std::stringstream ss(text.substr(colon + 1));
@@ -106,7 +108,8 @@ Status MakeHostArena(const HostArenaConfig& config,
                      std::shared_ptr<HostArena>* out) {
   std::unique_ptr<HostArena> arena;
   Status st;
-  if (config.mode == "best_fit") {
+  if (config.mode == "best_fit" || config.mode == "planned") {
+    // "planned": what has no planned slot goes to best-fit.
     st = BestFitCachingArena::Create(config.segment_bytes,
                                      config.capacity_bytes, &arena);
   } else if (config.mode == "virtual") {
@@ -118,7 +121,7 @@ Status MakeHostArena(const HostArenaConfig& config,
                                   &arena);
   } else {
     return InvalidArgument("unknown host arena mode '" + config.mode +
-                           "': expected 'best_fit', 'virtual' or 'heap'");
+                           "': expected 'planned', 'best_fit', 'virtual' or 'heap'");
   }
   if (!st.ok()) return st;
   *out = std::shared_ptr<HostArena>(std::move(arena));
@@ -259,9 +262,100 @@ std::shared_ptr<HostArena> HostStore::RetireArenaLocked() {
   return old;
 }
 
-Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
+Status HostStore::RegisterPlan(
+    int64_t plan, std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> slots,
+    uint64_t footprint) {
+  if (plan < 0) {
+    return InvalidArgument("store_register_plan: the plan key must be >= 0, got " +
+                           std::to_string(plan));
+  }
+  // Validated by making the arena once; its memory is mapped again at the
+  // first allocation (a plan that is compiled but never run holds none).
+  {
+    std::unordered_map<int64_t, PlannedArena::Slot> arena_slots;
+    for (const auto& [id, slot] : slots) arena_slots[id] = {slot.first, slot.second};
+    std::unique_ptr<HostArena> made;
+    JAXMEM_RETURN_IF_ERROR(PlannedArena::Create(std::move(arena_slots), footprint, &made)
+                               .Prefixed("store_register_plan: "));
+  }
+  std::shared_ptr<HostArena> old;
+  {
+    MutexLock lock(&mu_);
+    Plan& p = plans_[plan];
+    old = std::move(p.arena);
+    p = Plan{};
+    p.slots = std::move(slots);
+    p.footprint = footprint;
+  }
+  return Status::Ok();   // `old` is released here, outside the lock
+}
+
+void HostStore::UnregisterPlan(int64_t plan) {
+  std::shared_ptr<HostArena> old;
+  {
+    MutexLock lock(&mu_);
+    auto it = plans_.find(plan);
+    if (it == plans_.end()) return;
+    old = std::move(it->second.arena);
+    plans_.erase(it);
+  }
+}
+
+bool HostStore::PlanStatsOf(int64_t plan, PlanStats* out) const {
+  MutexLock lock(&mu_);
+  auto it = plans_.find(plan);
+  if (it == plans_.end()) return false;
+  const Plan& p = it->second;
+  *out = PlanStats{p.footprint, p.slots.size(), p.planned, p.fallbacks, p.peak_live};
+  if (p.arena) out->peak_live_bytes = std::max(out->peak_live_bytes,
+                                               p.arena->Stats().peak_live_bytes);
+  return true;
+}
+
+Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out, PlanSlot where) {
   *out = HostBuffer();
   if (bytes == 0) return Status::Ok();
+  if (where.plan >= 0) {
+    std::shared_ptr<HostArena> planned;
+    bool use_plans = false;
+    {
+      MutexLock lock(&mu_);
+      EnsureConfigLocked();
+      use_plans = config_.mode == "planned";
+      auto it = use_plans ? plans_.find(where.plan) : plans_.end();
+      if (it != plans_.end()) {
+        Plan& p = it->second;
+        if (!p.arena) {
+          std::unordered_map<int64_t, PlannedArena::Slot> arena_slots;
+          for (const auto& [id, slot] : p.slots) arena_slots[id] = {slot.first, slot.second};
+          std::unique_ptr<HostArena> made;
+          if (PlannedArena::Create(std::move(arena_slots), p.footprint, &made).ok()) {
+            p.arena = std::shared_ptr<HostArena>(std::move(made));
+          }
+        }
+        planned = p.arena;
+      }
+    }
+    Allocation a;
+    const bool ok = planned && planned->AllocateId(where.slot, bytes, &a).ok();
+    if (use_plans) {
+      MutexLock lock(&mu_);
+      auto it = plans_.find(where.plan);
+      if (it != plans_.end()) {
+        ++(ok ? it->second.planned : it->second.fallbacks);
+        if (ok) {
+          it->second.peak_live = std::max(it->second.peak_live,
+                                          planned->Stats().peak_live_bytes);
+        }
+      }
+    }
+    if (ok) {
+      *out = HostBuffer(std::move(planned), a.handle, a.ptr, bytes);
+      return Status::Ok();
+    }
+    // Not registered, or the slot is taken (the run's order is not the
+    // plan's): the store's arena serves it.
+  }
   std::shared_ptr<HostArena> arena;
   {
     MutexLock lock(&mu_);
@@ -284,7 +378,7 @@ Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out) {
 }
 
 Status HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
-                      uint64_t* id) {
+                      uint64_t* id, PlanSlot where) {
   HostBuffer buffer;
   if (bytes > 0) {
     if (data == nullptr) {
@@ -293,7 +387,7 @@ Status HostStore::Put(const void* data, size_t bytes, uint32_t dtype_code,
       return InvalidArgument("source buffer is null but has " +
                              std::to_string(bytes) + " bytes");
     }
-    Status st = AllocateBuffer(bytes, &buffer);
+    Status st = AllocateBuffer(bytes, &buffer, where);
     if (!st.ok()) {
       MutexLock lock(&mu_);
       ++stats_.total_errors;
@@ -469,7 +563,9 @@ HostStoreStats HostStore::Stats() const {
   } else {
     // Not made yet (first use, or dropped by Clear): nothing is held.
     if (config.mode == "virtual") s.arena.chunk_bytes = config.chunk_bytes;
-    if (config.mode == "best_fit") s.arena.segment_bytes = config.segment_bytes;
+    if (config.mode == "best_fit" || config.mode == "planned") {
+      s.arena.segment_bytes = config.segment_bytes;
+    }
     s.arena.capacity_bytes = config.capacity_bytes;
   }
   s.cached_bytes = s.arena.free_bytes;
@@ -482,6 +578,7 @@ HostStoreStats HostStore::Stats() const {
 uint64_t HostStore::Clear() {
   std::unordered_map<uint64_t, Entry> doomed;
   std::shared_ptr<HostArena> old;
+  std::vector<std::shared_ptr<HostArena>> planned;
   uint64_t freed = 0;
   {
     MutexLock lock(&mu_);
@@ -490,9 +587,12 @@ uint64_t HostStore::Clear() {
     stats_.live_bytes = 0;
     stats_.live_entries = 0;
     // Drop the arena so that its cached memory goes back to the OS; the next
-    // allocation makes a fresh one of the same configuration.
+    // allocation makes a fresh one of the same configuration. Planned
+    // layouts stay registered; their buffers are made again at next use.
     old = RetireArenaLocked();
+    for (auto& [key, plan] : plans_) planned.push_back(std::move(plan.arena));
   }
+  planned.clear();
   doomed.clear();  // frees the buffers into `old` outside the lock
   old.reset();     // unmaps it, unless copies in flight still hold buffers
   return freed;

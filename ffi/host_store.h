@@ -14,7 +14,9 @@
 // `HostStore::Configure` (Python: `jaxmem.native.store_configure`) or by
 // $JAXMEM_HOST_ARENA, read at the store's first use:
 //
-//   * "best_fit" (default): `BestFitCachingArena`, the framework default of
+//   * "planned" (default): "best_fit" for every buffer without a planned
+//     slot; the planned ones go to their plan's layout (below).
+//   * "best_fit": `BestFitCachingArena`, the framework default of
 //     Hayakawa & Narihira, *Out-of-core training for extremely large-scale
 //     neural networks with adaptive window-based scheduling*, §4. It caches
 //     freed memory itself (segments are kept, blocks split and coalesce), so
@@ -51,9 +53,19 @@
 // the buffer first (so a second fetch of the handle fails at once) and copies
 // out of it afterwards.
 //
-// Out of scope: planned mode (`PlannedArena`, offsets from the DSA solver)
-// through the custom calls; it would need the plan's slot ids as custom-call
-// attributes. `Configure` refuses it.
+// Planned layouts (SmartPool, Zhang et al., *Efficient Memory Management for
+// GPU-based Deep Learning Systems*, §III): a plan's host buffers, their
+// lifetimes known before the step runs, get static offsets from the offline
+// DSA solver (dsa.h) in one buffer of the planned footprint. `RegisterPlan`
+// records a layout under a plan key; the `offload_planned` and
+// `offload_start_planned` custom calls carry the key and the buffer's slot
+// as attributes (`PlanSlot`), and their allocation comes from that plan's
+// `PlannedArena` (made at its first allocation, and again after `Clear`),
+// in the store's mode "planned" (the default; in the other modes the slots
+// are ignored). When the
+// run's order differs from the plan's and the slot would overlap a live one,
+// or the plan is not registered, the buffer comes from the store's arena
+// instead: counted in `PlanStats::fallbacks`, never an error.
 
 #ifndef JAXMEM_FFI_HOST_STORE_H_
 #define JAXMEM_FFI_HOST_STORE_H_
@@ -80,7 +92,9 @@ static_assert(kArenaAlignment % kHostStoreAlignment == 0,
 
 // Which arena backs the host store. See the file comment for the modes.
 struct HostArenaConfig {
-  std::string mode = "best_fit";          // "best_fit", "virtual" or "heap"
+  // "planned" (best-fit, and planned layouts for the buffers that have a
+  // slot), "best_fit", "virtual" or "heap".
+  std::string mode = "planned";
   uint64_t chunk_bytes = uint64_t{2} << 20;    // virtual: physical chunk
   uint64_t segment_bytes = uint64_t{2} << 20;  // best_fit: min segment
   uint64_t capacity_bytes = 0;                 // footprint cap (0: none)
@@ -115,6 +129,21 @@ struct HostStoreStats {
   std::string arena_mode;  // "best_fit", "virtual", "heap"; "invalid" when
                            // $JAXMEM_HOST_ARENA could not be parsed
   ArenaStats arena;        // the current arena (zeros before its first use)
+};
+
+// Where a planned buffer goes: plan key and slot (`plan` < 0: not planned).
+struct PlanSlot {
+  int64_t plan = -1;
+  int64_t slot = -1;
+};
+
+// A planned layout's counters (`HostStore::PlanStatsOf`).
+struct PlanStats {
+  uint64_t footprint = 0;     // bytes of the planned buffer
+  uint64_t slots = 0;         // planned buffers
+  uint64_t planned = 0;       // allocations served from their slot
+  uint64_t fallbacks = 0;     // allocations the store's arena served instead
+  uint64_t peak_live_bytes = 0;  // most bytes live in the slots at once
 };
 
 // A host allocation owned by the store or by an in-flight copy. Move-only.
@@ -176,8 +205,10 @@ class HostStore {
   // and writes the new handle to `*id`. Fails like `AllocateBuffer` (or
   // InvalidArgument for a null `data` of nonzero size; `data` may be null
   // when `bytes` is 0). The copy runs outside every lock.
-  Status Put(const void* data, size_t bytes, uint32_t dtype_code, uint64_t* id)
-      EXCLUDES(mu_);
+  // With `where.plan` >= 0 the memory is the plan's slot (see the file
+  // comment), else the store's arena.
+  Status Put(const void* data, size_t bytes, uint32_t dtype_code, uint64_t* id,
+             PlanSlot where = {}) EXCLUDES(mu_);
 
   // Copies the entry `id` into `dst` (which has room for `bytes` bytes) and
   // erases it. InvalidArgument, with a message saying what was wrong, for an
@@ -202,7 +233,27 @@ class HostStore {
   // 0 bytes), for a copy that `Insert`s it later. ResourceExhausted when the
   // arena (its capacity, or the OS) refuses the memory; FailedPrecondition
   // when the configured arena cannot be made (bad $JAXMEM_HOST_ARENA).
-  Status AllocateBuffer(size_t bytes, HostBuffer* out) EXCLUDES(mu_);
+  // With `where.plan` >= 0: the plan's slot when it is registered and the
+  // slot is free (planned for exactly `bytes`), else the store's arena (a
+  // fallback, counted).
+  Status AllocateBuffer(size_t bytes, HostBuffer* out, PlanSlot where = {})
+      EXCLUDES(mu_);
+
+  // Records plan `plan`'s layout: slot id -> (offset, bytes), each offset
+  // 64-byte aligned, in a buffer of `footprint` bytes, mapped at the first
+  // allocation (InvalidArgument for a bad layout, ResourceExhausted when the
+  // memory is refused). Replaces an earlier layout of the same key; buffers
+  // of the old one stay valid until taken.
+  Status RegisterPlan(int64_t plan,
+                      std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> slots,
+                      uint64_t footprint) EXCLUDES(mu_);
+
+  // Forgets plan `plan` (nothing if unknown); its buffer is unmapped once no
+  // entry holds a slot of it.
+  void UnregisterPlan(int64_t plan) EXCLUDES(mu_);
+
+  // Counters of a registered plan; false if `plan` is not registered.
+  bool PlanStatsOf(int64_t plan, PlanStats* out) const EXCLUDES(mu_);
 
   // Replaces the arena with a new one made from `config`. Only while the
   // store is empty: no entries and no arena memory held by copies in flight
@@ -263,6 +314,13 @@ class HostStore {
   // Null until first use / after Clear. The pointer is guarded; the arena
   // locks itself (lock order: store, then arena).
   std::shared_ptr<HostArena> arena_ GUARDED_BY(mu_);
+  struct Plan {
+    std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> slots;
+    uint64_t footprint = 0;
+    std::shared_ptr<HostArena> arena;   // null after Clear until next use
+    uint64_t planned = 0, fallbacks = 0, peak_live = 0;
+  };
+  std::unordered_map<int64_t, Plan> plans_ GUARDED_BY(mu_);
   uint64_t retired_hits_ GUARDED_BY(mu_) = 0;    // of arenas dropped before
   uint64_t retired_misses_ GUARDED_BY(mu_) = 0;  // of arenas dropped before
 };

@@ -42,6 +42,9 @@ NB_MODULE(_native, m) {
         registrations["offload_start"] =
             EncapsulateFfiHandler(JaxmemOffloadStart);
         registrations["offload_done"] = EncapsulateFfiHandler(JaxmemOffloadDone);
+        registrations["offload_planned"] = EncapsulateFfiHandler(JaxmemOffloadPlanned);
+        registrations["offload_start_planned"] =
+            EncapsulateFfiHandler(JaxmemOffloadStartPlanned);
         registrations["fetch_start"] = EncapsulateFfiHandler(JaxmemFetchStart);
         registrations["fetch_done"] = EncapsulateFfiHandler(JaxmemFetchDone);
         return registrations;

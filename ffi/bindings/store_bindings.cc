@@ -2,16 +2,21 @@
 //
 // Python bindings of the host store (host_store.h): `store_stats`,
 // `store_clear`, `store_configure`, `store_config`, `store_put`,
-// `store_take` and `ALIGNMENT`.
+// `store_take`, `store_register_plan`, `store_unregister_plan`,
+// `store_plan_stats` and `ALIGNMENT`.
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "host_store.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/string.h"
+#include "nanobind/stl/vector.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxmem {
@@ -65,8 +70,51 @@ void RegisterStoreBindings(nb::module_& m) {
       },
       nb::arg("mode"), nb::arg("chunk_bytes"), nb::arg("segment_bytes"),
       nb::arg("capacity_bytes"),
-      "Replaces the host store's arena ('best_fit', 'virtual' or 'heap'); "
+      "Replaces the host store's arena ('planned', 'best_fit', 'virtual' or 'heap'); "
       "raises ValueError unless the store is empty.");
+
+  m.def(
+      "store_register_plan",
+      [](int64_t plan, const std::vector<int64_t>& slots,
+         const std::vector<uint64_t>& offsets, const std::vector<uint64_t>& sizes,
+         uint64_t footprint) {
+        if (slots.size() != offsets.size() || slots.size() != sizes.size()) {
+          throw nb::value_error("store_register_plan: slots, offsets and sizes differ in length");
+        }
+        std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> layout;
+        for (size_t i = 0; i < slots.size(); ++i) layout[slots[i]] = {offsets[i], sizes[i]};
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = HostStore::Global().RegisterPlan(plan, std::move(layout), footprint);
+        }
+        if (!st.ok()) RaisePyError(st, PyExc_ValueError);
+      },
+      nb::arg("plan"), nb::arg("slots"), nb::arg("offsets"), nb::arg("sizes"),
+      nb::arg("footprint"),
+      "Registers a planned host layout (slot -> offset, bytes) under key `plan`; "
+      "raises ValueError for a bad layout.");
+
+  m.def(
+      "store_unregister_plan",
+      [](int64_t plan) { HostStore::Global().UnregisterPlan(plan); },
+      nb::arg("plan"), "Forgets a planned layout (nothing if unknown).");
+
+  m.def(
+      "store_plan_stats",
+      [](int64_t plan) -> nb::object {
+        PlanStats s;
+        if (!HostStore::Global().PlanStatsOf(plan, &s)) return nb::none();
+        nb::dict d;
+        d["footprint"] = s.footprint;
+        d["slots"] = s.slots;
+        d["planned"] = s.planned;
+        d["fallbacks"] = s.fallbacks;
+        d["peak_live_bytes"] = s.peak_live_bytes;
+        return d;
+      },
+      nb::arg("plan"),
+      "Counters of a registered planned layout (None if `plan` is not registered).");
 
   m.def(
       "store_config",

@@ -34,7 +34,8 @@ Status CopyIfUnaliased(const char* op, const ffi::AnyBuffer& x,
   return Status::Ok();
 }
 
-Status OffloadStart(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> ticket) {
+Status OffloadStart(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> ticket,
+                    PlanSlot where = {}) {
   JAXMEM_RETURN_IF_ERROR(
       CheckWords("ticket", "offload_start", ticket->element_count()));
   JAXMEM_RETURN_IF_ERROR(CheckCopyable("offload_start", x.element_type()));
@@ -47,7 +48,7 @@ Status OffloadStart(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> ticket) {
   JAXMEM_RETURN_IF_ERROR(
       CopyEngine::Global()
           .StartOffload(x.untyped_data(), x.size_bytes(),
-                        static_cast<uint32_t>(x.element_type()), &id)
+                        static_cast<uint32_t>(x.element_type()), &id, where)
           .Prefixed("jaxmem "));
   EncodeWords(id, ticket->typed_data());
   return Status::Ok();
@@ -106,6 +107,12 @@ ffi::Error OffloadStartImpl(ffi::AnyBuffer x,
   return ToFfiError(OffloadStart(x, ticket));
 }
 
+ffi::Error OffloadStartPlannedImpl(ffi::AnyBuffer x,
+                                   ffi::ResultBufferR1<ffi::U32> ticket,
+                                   int64_t plan, int64_t slot) {
+  return ToFfiError(OffloadStart(x, ticket, PlanSlot{plan, slot}));
+}
+
 ffi::Error OffloadDoneImpl(ffi::AnyBuffer keep, ffi::BufferR1<ffi::U32> ticket,
                            ffi::AnyBuffer /*dep*/,
                            ffi::ResultBufferR1<ffi::U32> handle) {
@@ -132,6 +139,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadStart, jaxmem::OffloadStartImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()             // x
                                   .Ret<ffi::BufferR1<ffi::U32>>());  // ticket
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadStartPlanned,
+                              jaxmem::OffloadStartPlannedImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Ret<ffi::BufferR1<ffi::U32>>()   // ticket
+                                  .Attr<int64_t>("plan")
+                                  .Attr<int64_t>("slot"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadDone, jaxmem::OffloadDoneImpl,
                               ffi::Ffi::Bind()

@@ -17,7 +17,8 @@ namespace ffi = xla::ffi;
 namespace jaxmem {
 namespace {
 
-Status Offload(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
+Status Offload(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle,
+               PlanSlot where = {}) {
   if (handle->element_count() != 2) {
     return InvalidArgument(
         "jaxmem offload: the handle output must be uint32[2], got " +
@@ -28,7 +29,8 @@ Status Offload(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
   // Out of host memory (the arena's capacity or the OS) is ResourceExhausted.
   JAXMEM_RETURN_IF_ERROR(HostStore::Global()
                              .Put(x.untyped_data(), x.size_bytes(),
-                                  static_cast<uint32_t>(x.element_type()), &id)
+                                  static_cast<uint32_t>(x.element_type()), &id,
+                                  where)
                              .Prefixed("jaxmem offload: "));
   EncodeWords(id, handle->typed_data());
   return Status::Ok();
@@ -49,6 +51,12 @@ ffi::Error OffloadImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
   return ToFfiError(Offload(x, handle));
 }
 
+// A planned buffer (host_store.h): its memory is slot `slot` of plan `plan`.
+ffi::Error OffloadPlannedImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle,
+                              int64_t plan, int64_t slot) {
+  return ToFfiError(Offload(x, handle, PlanSlot{plan, slot}));
+}
+
 ffi::Error FetchImpl(ffi::BufferR1<ffi::U32> handle, ffi::AnyBuffer /*dep*/,
                      ffi::Result<ffi::AnyBuffer> out) {
   return ToFfiError(Fetch(handle, out));
@@ -61,6 +69,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffload, jaxmem::OffloadImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()             // x
                                   .Ret<ffi::BufferR1<ffi::U32>>());  // handle
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadPlanned, jaxmem::OffloadPlannedImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Ret<ffi::BufferR1<ffi::U32>>()   // handle
+                                  .Attr<int64_t>("plan")
+                                  .Attr<int64_t>("slot"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemFetch, jaxmem::FetchImpl,
                               ffi::Ffi::Bind()

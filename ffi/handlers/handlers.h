@@ -30,6 +30,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemFence);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffload);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemFetch);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadStart);
+// `offload` and `offload_start` with a planned host buffer (host_store.h):
+// attributes `plan` and `slot` (int64).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadPlanned);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadStartPlanned);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadDone);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemFetchStart);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemFetchDone);

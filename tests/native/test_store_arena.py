@@ -19,9 +19,10 @@ import pytest
 
 import jaxmem
 from jaxmem import native
+from jaxmem._src.lower.host_layout import host_layout
 from jaxmem._src.native.extension import native_module
 
-MODES = ("best_fit", "virtual", "heap")
+MODES = ("planned", "best_fit", "virtual", "heap")
 KiB = 1 << 10
 MiB = 1 << 20
 
@@ -75,10 +76,19 @@ def test_fitted_step_bit_identical_in_every_mode(fitted_small, mode, copies):
       _assert_bit_equal(a, b)
     _assert_empty()
   s = native.store_stats()
-  assert s.mode == mode and s.arena.mode == mode
+  # (In "planned" mode the best-fit arena is made only for a buffer without a slot.)
+  assert s.mode == mode and (mode == "planned" or s.arena.mode == mode)
   puts = s.total_puts - before.total_puts
   assert puts >= 2 and s.total_takes - before.total_takes == puts
   assert s.total_errors == before.total_errors
+  if mode == "planned":
+    # Every offloaded byte went to the plan's layout, at its max load.
+    layout = host_layout(fitted[copies].fit_result(*args).plan.schedule())
+    stats = native.store_plan_stats(layout.key)
+    assert stats["planned"] == puts and stats["fallbacks"] == 0
+    assert stats["footprint"] == layout.footprint == layout.max_load
+    assert s.arena.allocs == 0
+    return
   # The arena held the offloaded bytes and keeps its memory cached.
   assert s.arena.allocs == puts and s.arena.frees == s.arena.allocs
   assert s.peak_footprint_bytes >= s.arena.peak_requested_bytes > 0
@@ -89,12 +99,13 @@ def test_fitted_step_bit_identical_in_every_mode(fitted_small, mode, copies):
     assert s.external_fragmentation == 0.0
 
 
-def test_default_mode_is_best_fit_and_reuses_memory():
+def test_default_mode_is_planned_and_reuses_memory():
   if os.environ.get("JAXMEM_HOST_ARENA"):
     pytest.skip("$JAXMEM_HOST_ARENA overrides the default")
   cfg = native.store_config()
   if cfg["source"] == "default":
-    assert cfg["mode"] == "best_fit"
+    assert cfg["mode"] == "planned"
+  # Buffers without a planned slot go to best-fit.
   x = jnp.arange(64 * KiB, dtype=jnp.float32)
   f = jax.jit(lambda x: native.fetch(native.offload(x), x, shape=x.shape, dtype=x.dtype))
   for _ in range(3):
@@ -136,7 +147,6 @@ def test_configure_with_a_copy_in_flight_raises():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(mode="planned"), "planned"),
     (dict(mode="bump"), "unknown mode"),
     (dict(mode="virtual", chunk_bytes=1000), "store_configure: chunk_bytes must be a positive "
                                              "multiple of the page size"),

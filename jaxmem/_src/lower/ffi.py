@@ -8,7 +8,9 @@ ordinary JAX function of the flat step arguments; ``jax.jit`` compiles it.
 Our own ops make every plan verifiable on the CPU, where XLA erases
 ``jax.checkpoint`` and memory kinds (``docs/design.md``, "Why native ops").
 In a step spread over several devices each op works on every device's own
-shard (:mod:`jaxmem._src.lower.per_device`).
+shard (:mod:`jaxmem._src.lower.per_device`). On one device the host copies go
+to a planned layout (:mod:`jaxmem._src.lower.host_layout`: SmartPool's
+offline allocation of the schedule's host buffers), each into its slot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from jaxmem._src import _compat
 from jaxmem._src.ir import substitutions
+from jaxmem._src.lower.host_layout import host_layout
 from jaxmem._src.lower.per_device import PerDevice, new_key
 from jaxmem._src.native import ops as native
 from jaxmem._src.plan.schedule import Schedule, Step, StepKind
@@ -29,12 +32,15 @@ from jaxmem._src.plan.schedule import Schedule, Step, StepKind
 _PIN_DEP = np.zeros((), np.uint8)
 
 
-def schedule_function(schedule: Schedule,
-                      substitute: bool = True) -> Callable[..., list[jax.Array]]:
+def schedule_function(schedule: Schedule, substitute: bool = True,
+                      planned_host: bool = True) -> Callable[..., list[jax.Array]]:
   """``f(*flat_args) -> flat_outputs`` running ``schedule``.
 
   With ``substitute``, equations with a registered lowering substitution
-  (:mod:`jaxmem._src.ir.substitutions`) are computed by it.
+  (:mod:`jaxmem._src.ir.substitutions`) are computed by it. With
+  ``planned_host`` (and one device), each offload goes to its slot of the
+  schedule's planned host layout (:func:`~jaxmem._src.lower.host_layout.host_layout`),
+  else to the host store's arena.
   """
   program = schedule.program
   layout = program.device_layout
@@ -48,6 +54,7 @@ def schedule_function(schedule: Schedule,
     per_device = PerDevice(layout.mesh)
   # Ops computed again: their first and later results are tied (split alike).
   tied = {st.op for st in schedule.steps if st.recompute} if per_device is not None else set()
+  layout = host_layout(schedule) if planned_host and per_device is None else None
 
   def run(*flat_args: jax.Array) -> list[jax.Array]:
     env: dict[int, Any] = dict(program.consts)   # arrays, tracers and constant values
@@ -69,7 +76,7 @@ def schedule_function(schedule: Schedule,
               if var is not None and np.ndim(o) else o
               for o, var in ((o, schedule.value_var[v]) for o, v in zip(outs, ids))]
 
-    for step in schedule.steps:
+    for index, step in enumerate(schedule.steps):
       ins = [read(x) for x in step.inputs]
       if step.literal_dep is not None:
         dep = env[step.literal_dep]
@@ -91,7 +98,8 @@ def schedule_function(schedule: Schedule,
       elif kind is StepKind.PIN:
         outs = [fence(ins[0], _PIN_DEP)]
       elif per_device is None:
-        outs = _copy_step(step, ins, program)
+        slot = (layout.key, layout.slots[index]) if layout and index in layout.slots else None
+        outs = _copy_step(step, ins, program, slot)
       else:
         if kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
           # The value joins its variable's group, which its fetch will join.
@@ -105,12 +113,13 @@ def schedule_function(schedule: Schedule,
   return run
 
 
-def _copy_step(step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
+def _copy_step(step: Step, ins: list[Any], program: Any,
+               slot: tuple[int, int] | None = None) -> list[jax.Array]:
   kind = step.kind
   if kind is StepKind.OFFLOAD:
-    return [native.offload(ins[0])]
+    return [native.offload(ins[0], slot=slot)]
   if kind is StepKind.OFFLOAD_START:
-    return [native.offload_start(ins[0])]
+    return [native.offload_start(ins[0], slot=slot)]
   if kind is StepKind.OFFLOAD_DONE:
     return [native.offload_done(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
   aval = program.vars[step.var].aval

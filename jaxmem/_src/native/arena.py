@@ -22,9 +22,10 @@ Three modes of one interface:
   live one raises instead of aliasing live data.
 
 The native host store behind jaxmem's offload/fetch custom calls allocates
-from one of these arenas too (``"best_fit"`` by default, or ``"virtual"``, or
-its original ``"heap"`` cache): see :func:`jaxmem.native.store_configure` and
-``jaxmem.native.store_stats().arena``.
+from one of these arenas too (``"best_fit"``, or ``"virtual"``, or its original
+``"heap"`` cache; in its default mode ``"planned"``, a plan's buffers go to a
+planned arena of the plan's layout and the rest to best-fit): see
+:func:`jaxmem.native.store_configure` and ``jaxmem.native.store_stats().arena``.
 
 Handles are opaque 64-bit ints that are never reused; freeing or reading a
 stale, double-freed or foreign handle raises :class:`ValueError` naming the

@@ -98,24 +98,43 @@ def fence(x: ArrayLike, dep: ArrayLike) -> jax.Array:
   )(x, dep)
 
 
-def offload(x: ArrayLike) -> jax.Array:
+def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
   """Copies ``x`` into the native host store.
 
   Args:
     x: The array to stage to host memory. Any shape (including scalars and
       0-size arrays) and any byte-sized dtype (bool, bfloat16, ...); sub-byte
       dtypes (int4, ...) are refused at run time.
+    slot: ``(plan, slot)``: the host memory is that slot of a layout
+      registered with :func:`~jaxmem._src.native.store.store_register_plan`
+      (SmartPool's planned arena); where the plan is not registered or the
+      slot is still live, the store's arena serves it (counted in
+      ``store_plan_stats``). None: the store's arena.
 
   Returns:
     A ``uint32[2]`` handle for :func:`fetch`.
   """
   x = _as_array(x)
+  if slot is not None:
+    return jax.ffi.ffi_call(
+        TARGET_PREFIX + "offload_planned",
+        jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
+        has_side_effect=True,
+        vmap_method="sequential",
+    )(x, **_slot_attrs(slot))
   return jax.ffi.ffi_call(
       TARGET_PREFIX + "offload",
       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
       has_side_effect=True,
       vmap_method="sequential",
   )(x)
+
+
+def _slot_attrs(slot: tuple[int, int]) -> dict[str, np.int64]:
+  plan, index = (int(v) for v in slot)
+  if plan < 0 or index < 0:
+    raise ValueError(f"`slot` must be (plan, slot) with both >= 0; got {slot!r}")
+  return dict(plan=np.int64(plan), slot=np.int64(index))
 
 
 def fetch(handle: ArrayLike, dep: ArrayLike, *, shape: tuple[int, ...],
@@ -165,22 +184,25 @@ def _check_words(x: ArrayLike, what: str, op: str) -> jax.Array:
   return x
 
 
-def offload_start(x: ArrayLike) -> jax.Array:
+def offload_start(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
   """Starts copying ``x`` to host memory; returns a ``uint32[2]`` ticket at once.
 
   Args:
     x: The array to stage (any shape, any byte-sized dtype). Pass the same
       array to :func:`offload_done`: that read keeps it allocated meanwhile.
+    slot: ``(plan, slot)`` of a planned layout, as for :func:`offload`.
 
   Returns:
     A ``uint32[2]`` ticket for :func:`offload_done`.
   """
   x = _as_array(x)
+  target, attrs = ("offload_start", {}) if slot is None else ("offload_start_planned",
+                                                               _slot_attrs(slot))
   return jax.ffi.ffi_call(
-      TARGET_PREFIX + "offload_start",
+      TARGET_PREFIX + target,
       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
       has_side_effect=True,
-  )(x)
+  )(x, **attrs)
 
 
 def offload_done(x: ArrayLike, ticket: ArrayLike, dep: ArrayLike | None = None) -> jax.Array:

@@ -3,13 +3,14 @@
 The host store (``ffi/host_store.h``) keeps offloaded bytes in a host arena
 (``ffi/arena/host_arena.h``, :mod:`jaxmem._src.native.arena`), chosen by
 :func:`store_configure` or by ``$JAXMEM_HOST_ARENA`` (read at the store's first
-use): ``"best_fit"`` (the default; the framework-default caching allocator of
-Hayakawa et al.'s window-based out-of-core training, §4), ``"virtual"`` (their
-physical chunks mapped into contiguous virtual ranges: no external
-fragmentation) or ``"heap"`` (the original ``posix_memalign`` + size cache).
-:func:`store_stats` reports the arena's footprint and fragmentation. Planned
-mode (static offsets from the allocation solver) is not available to the
-custom calls: it would need plan slot ids as attributes.
+use): ``"planned"`` (the default: a plan's host buffers at the static offsets
+of its layout, solved offline before the step runs, SmartPool §III, and
+best-fit for the rest; :func:`store_register_plan`), ``"best_fit"`` (the
+framework-default caching allocator of Hayakawa et al.'s window-based
+out-of-core training, §4), ``"virtual"`` (their physical chunks mapped into
+contiguous virtual ranges: no external fragmentation) or ``"heap"`` (the
+original ``posix_memalign`` + size cache). :func:`store_stats` reports the
+arena's footprint and fragmentation, :func:`store_plan_stats` a layout's.
 
 The copy engine (``ffi/copy_engine.h``) runs the asynchronous copies of
 :mod:`jaxmem._src.native.ops` on worker threads; :func:`copy_stats` reports
@@ -20,14 +21,14 @@ failed execution.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from jaxmem._src.native.arena import ArenaStats
 from jaxmem._src.native.extension import native_module as _native
 
 
 #: Host store arena modes (see :func:`store_configure`).
-STORE_MODES = ("best_fit", "virtual", "heap")
+STORE_MODES = ("planned", "best_fit", "virtual", "heap")
 #: Default physical chunk of ``"virtual"`` (Hayakawa et al. §4: CUDA's 2 MB granule).
 DEFAULT_CHUNK_BYTES = 2 << 20
 #: Default minimum segment of ``"best_fit"`` (PyTorch's small-pool segment).
@@ -99,7 +100,7 @@ def store_stats() -> StoreStats:
   return StoreStats(**{k: int(v) for k, v in d.items()}, arena=arena)
 
 
-def store_configure(mode: str = "best_fit", *, chunk_bytes: int | None = None,
+def store_configure(mode: str = "planned", *, chunk_bytes: int | None = None,
                     segment_bytes: int | None = None,
                     capacity_bytes: int | None = None) -> None:
   """Chooses the host arena that holds offloaded bytes.
@@ -111,17 +112,21 @@ def store_configure(mode: str = "best_fit", *, chunk_bytes: int | None = None,
   first use. :func:`store_clear` keeps the configuration.
 
   Args:
-    mode: ``"best_fit"`` (default): best-fit with caching, the framework
-      default of Hayakawa et al. §4; freed memory is reused, the footprint may
-      fragment. ``"virtual"``: their fixed-size physical chunks (a memfd)
+    mode: ``"planned"`` (default): the host buffers of a plan go to their
+      slots of the plan's layout, solved offline before the step runs
+      (SmartPool, Zhang et al. §III; :func:`store_register_plan`, which the
+      ``ffi`` backend calls), so the plan's host footprint is the layout's;
+      every other buffer goes to best-fit. ``"best_fit"``: best-fit with
+      caching, the framework default of Hayakawa et al. §4; freed memory is
+      reused, the footprint may fragment. ``"virtual"``: their fixed-size physical chunks (a memfd)
       mapped into a contiguous virtual range per entry; the footprint is a
       whole number of chunks and never fragments externally (Linux only).
       ``"heap"``: one ``posix_memalign`` per entry plus a cache of freed
       buffers by size (the store's original allocator).
     chunk_bytes: ``"virtual"``: physical chunk size, a multiple of the page
       size (default 2 MiB).
-    segment_bytes: ``"best_fit"``: minimum segment obtained from the OS
-      (default 2 MiB).
+    segment_bytes: ``"best_fit"`` and ``"planned"``: minimum segment obtained
+      from the OS (default 2 MiB).
     capacity_bytes: Cap on the arena's footprint; an offload beyond it fails
       with an out-of-memory error naming the arena (default 0: none).
 
@@ -131,9 +136,7 @@ def store_configure(mode: str = "best_fit", *, chunk_bytes: int | None = None,
   """
   if mode not in STORE_MODES:
     raise ValueError(
-        f"store_configure: unknown mode {mode!r}; expected one of {STORE_MODES}"
-        + (" (planned mode needs plan slot ids in the custom calls: not "
-           "supported)" if mode == "planned" else ""))
+        f"store_configure: unknown mode {mode!r}; expected one of {STORE_MODES}")
   sizes = {"chunk_bytes": chunk_bytes, "segment_bytes": segment_bytes,
            "capacity_bytes": capacity_bytes}
   for name, value in sizes.items():
@@ -209,6 +212,45 @@ class CopyStats:
   wait_seconds: float
 
 
+def store_register_plan(plan: int, slots: Sequence[int], offsets: Sequence[int],
+                        sizes: Sequence[int], footprint: int) -> None:
+  """Registers a planned host layout: slot ``slots[i]`` at ``offsets[i]``, ``sizes[i]`` bytes.
+
+  The layout of one plan's host buffers, solved offline (SmartPool, Zhang et
+  al., *Efficient Memory Management for GPU-based Deep Learning Systems*,
+  §III; :func:`jaxmem.dsa.solve`), in one buffer of ``footprint`` bytes
+  mapped at the first use. ``offload(x, slot=(plan, s))`` then copies into slot ``s``.
+  Registering a key again replaces its layout; :func:`store_clear` frees the
+  buffers, which are made again at the next use.
+
+  Raises:
+    ValueError: an offset not 64-byte aligned, a slot outside ``footprint``,
+      a negative key or slot, or lengths that differ.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jaxmem.native import fetch, offload
+    >>> store_register_plan(10, slots=[0], offsets=[0], sizes=[16], footprint=64)
+    >>> h = offload(jnp.arange(4.0), slot=(10, 0))
+    >>> store_plan_stats(10)["planned"], fetch(h, h, shape=(4,), dtype=jnp.float32).tolist()
+    (1, [0.0, 1.0, 2.0, 3.0])
+  """
+  _native.store_register_plan(int(plan), [int(s) for s in slots], [int(o) for o in offsets],
+                              [int(n) for n in sizes], int(footprint))
+
+
+def store_unregister_plan(plan: int) -> None:
+  """Forgets a planned layout (nothing if unknown); its buffer is freed once no entry holds a slot."""
+  _native.store_unregister_plan(int(plan))
+
+
+def store_plan_stats(plan: int) -> dict[str, int] | None:
+  """Counters of a registered layout, or None: ``footprint`` and ``slots`` (the layout),
+  ``planned`` (allocations its slots served), ``fallbacks`` (allocations the store's arena
+  served instead: the run's order was not the plan's), ``peak_live_bytes``."""
+  return _native.store_plan_stats(int(plan))
+
+
 def copy_stats() -> CopyStats:
   """Returns a snapshot of the copy engine's counters."""
   d = _native.copy_stats()
@@ -250,6 +292,6 @@ def set_copy_cpus(cpus: Iterable[int]) -> None:
 
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SEGMENT_BYTES", "STORE_MODES", "CopyStats", "StoreStats",
+__all__ = ["store_plan_stats", "store_register_plan", "store_unregister_plan", "DEFAULT_CHUNK_BYTES", "DEFAULT_SEGMENT_BYTES", "STORE_MODES", "CopyStats", "StoreStats",
            "copy_drain", "copy_stats", "set_copy_cpus", "set_copy_threads", "store_clear",
            "store_config", "store_configure", "store_stats"]
