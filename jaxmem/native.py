@@ -44,13 +44,13 @@ from jaxmem._src.native.store import (
     store_plan_stats,
     store_register_plan,
     store_stats,
+    store_unregister_plan,
 )
 
 __all__ = [
     "CUDA_STATUS", "HANDLE_DTYPE", "HANDLE_SHAPE", "STORE_MODES", "TARGET_PREFIX", "WITH_CUDA",
     "CopyStats", "StoreStats", "copy_drain", "copy_stats", "fence", "fetch", "fetch_done",
     "fetch_start", "handle_id", "offload", "offload_done", "offload_start", "register",
-    "store_plan_stats", "store_register_plan",
     "set_copy_cpus", "set_copy_threads", "store_clear", "store_config", "store_configure",
-    "store_stats",
+    "store_plan_stats", "store_register_plan", "store_stats", "store_unregister_plan",
 ]

@@ -107,7 +107,7 @@ ffi::Error OffloadStartImpl(ffi::AnyBuffer x,
   return ToFfiError(OffloadStart(x, ticket));
 }
 
-ffi::Error OffloadStartPlannedImpl(ffi::AnyBuffer x,
+ffi::Error OffloadStartPlannedImpl(ffi::AnyBuffer x, ffi::AnyBuffer /*dep*/,
                                    ffi::ResultBufferR1<ffi::U32> ticket,
                                    int64_t plan, int64_t slot) {
   return ToFfiError(OffloadStart(x, ticket, PlanSlot{plan, slot}));
@@ -144,6 +144,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadStartPlanned,
                               jaxmem::OffloadStartPlannedImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()            // x
+                                  .Arg<ffi::AnyBuffer>()            // dep
                                   .Ret<ffi::BufferR1<ffi::U32>>()   // ticket
                                   .Attr<int64_t>("plan")
                                   .Attr<int64_t>("slot"));

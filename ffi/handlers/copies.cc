@@ -51,9 +51,12 @@ ffi::Error OffloadImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
   return ToFfiError(Offload(x, handle));
 }
 
-// A planned buffer (host_store.h): its memory is slot `slot` of plan `plan`.
-ffi::Error OffloadPlannedImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle,
-                              int64_t plan, int64_t slot) {
+// A planned buffer (host_store.h): its memory is slot `slot` of plan `plan`;
+// `dep` orders it after the plan's previous copy, so that slots are taken and
+// freed in the order the layout was solved for.
+ffi::Error OffloadPlannedImpl(ffi::AnyBuffer x, ffi::AnyBuffer /*dep*/,
+                              ffi::ResultBufferR1<ffi::U32> handle, int64_t plan,
+                              int64_t slot) {
   return ToFfiError(Offload(x, handle, PlanSlot{plan, slot}));
 }
 
@@ -73,6 +76,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffload, jaxmem::OffloadImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemOffloadPlanned, jaxmem::OffloadPlannedImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()            // x
+                                  .Arg<ffi::AnyBuffer>()            // dep
                                   .Ret<ffi::BufferR1<ffi::U32>>()   // handle
                                   .Attr<int64_t>("plan")
                                   .Attr<int64_t>("slot"));

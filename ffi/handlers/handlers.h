@@ -31,7 +31,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffload);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemFetch);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadStart);
 // `offload` and `offload_start` with a planned host buffer (host_store.h):
-// attributes `plan` and `slot` (int64).
+// attributes `plan` and `slot` (int64), and a `dep` operand after `x`.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadPlanned);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadStartPlanned);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemOffloadDone);

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxmem._src import _compat
 from jaxmem._src.ir import substitutions
-from jaxmem._src.lower.host_layout import host_layout
+from jaxmem._src.lower.host_layout import HostLayout, host_layout
 from jaxmem._src.lower.per_device import PerDevice, new_key
 from jaxmem._src.native import ops as native
 from jaxmem._src.plan.schedule import Schedule, Step, StepKind
@@ -64,6 +64,7 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
       return x.val if isinstance(x, _compat.Literal) else env[x]
 
     fence = native.fence if per_device is None else per_device.fence
+    chain = _PlannedCopies(layout) if layout is not None else None
     keys: dict[int, int] = {}   # handle value -> its round trip's key (per device only)
     groups: dict[int, int] = {}   # original variable -> its Shardy sharding group
 
@@ -97,9 +98,10 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
         outs = [fence(ins[0], ins[1])]
       elif kind is StepKind.PIN:
         outs = [fence(ins[0], _PIN_DEP)]
+      elif per_device is None and layout is not None:
+        outs = chain.copy(index, step, ins, program)
       elif per_device is None:
-        slot = (layout.key, layout.slots[index]) if layout and index in layout.slots else None
-        outs = _copy_step(step, ins, program, slot)
+        outs = _copy_step(step, ins, program)
       else:
         if kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
           # The value joins its variable's group, which its fetch will join.
@@ -113,13 +115,12 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
   return run
 
 
-def _copy_step(step: Step, ins: list[Any], program: Any,
-               slot: tuple[int, int] | None = None) -> list[jax.Array]:
+def _copy_step(step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
   kind = step.kind
   if kind is StepKind.OFFLOAD:
-    return [native.offload(ins[0], slot=slot)]
+    return [native.offload(ins[0])]
   if kind is StepKind.OFFLOAD_START:
-    return [native.offload_start(ins[0], slot=slot)]
+    return [native.offload_start(ins[0])]
   if kind is StepKind.OFFLOAD_DONE:
     return [native.offload_done(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
   aval = program.vars[step.var].aval
@@ -130,6 +131,48 @@ def _copy_step(step: Step, ins: list[Any], program: Any,
   if kind is StepKind.FETCH_DONE:
     return [native.fetch_done(ins[0], ins[1], ins[2])]
   raise AssertionError(kind)  # pragma: no cover
+
+
+class _PlannedCopies:
+  """The copies of a planned host layout, run one after the other in the schedule's order.
+
+  The layout is solved for the order of the schedule's copies; XLA may run
+  copies that do not depend on each other in another order, or at once
+  (XLA:CPU's thunk executor). So each copy also depends on the one before:
+  the offloads through their ``dep`` operand, the fetches through a fence on
+  their handle or ticket (a few bytes), and after a fetch the next copy waits
+  for a one-byte fence on the fetched value. Slots are then taken and freed
+  in the order the layout was solved for.
+  """
+
+  def __init__(self, layout: HostLayout):
+    self.layout = layout
+    self.token: Any = None   # a small array: the previous copy is done
+
+  def _after(self, x: Any) -> Any:
+    return x if self.token is None else native.fence(x, self.token)
+
+  def copy(self, index: int, step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
+    kind = step.kind
+    if kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
+      slot = (self.layout.key, self.layout.slots[index])
+      op = native.offload if kind is StepKind.OFFLOAD else native.offload_start
+      out = op(ins[0], slot=slot, dep=self.token)
+      self.token = out
+      return [out]
+    if kind is StepKind.FETCH:
+      outs = _copy_step(step, [self._after(ins[0]), *ins[1:]], program)
+      self.token = native.fence(_PIN_DEP, outs[0])
+      return outs
+    if kind is StepKind.FETCH_START:
+      outs = _copy_step(step, [self._after(ins[0]), *ins[1:]], program)
+      self.token = outs[1]   # the ticket
+      return outs
+    if kind is StepKind.FETCH_DONE:
+      outs = _copy_step(step, [ins[0], self._after(ins[1]), *ins[2:]], program)
+      self.token = native.fence(_PIN_DEP, outs[0])
+      return outs
+    return _copy_step(step, ins, program)   # offload_done: takes and frees no slot
 
 
 def _copy_step_per_device(ops: PerDevice, step: Step, ins: list[Any], program: Any,

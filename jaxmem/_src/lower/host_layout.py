@@ -14,16 +14,19 @@ slot (``offload(x, slot=(key, slot))``).
 
 Departure from SmartPool: SmartPool lays out device memory from a profiled
 iteration; here it is the host memory of planned offloads, with lifetimes from
-the schedule. The run follows the compiled program's order, which XLA may
-choose differently for copies that do not depend on each other: a slot that
-would overlap a live one is served by the store's arena instead, counted in
-``store_plan_stats(key)["fallbacks"]`` (0 when the run kept the plan's order).
+the schedule. XLA may run copies that do not depend on each other in another
+order than the schedule's, or at once, so the ``ffi`` backend chains the
+planned copies in the schedule's order (each depends on the one before), and
+:func:`compiled_lifetimes` reads their order back from the compiled program to
+check it. A slot that would still overlap a live one at run time is served by
+the store's arena instead, counted in ``store_plan_stats(key)["fallbacks"]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import weakref
 
 import numpy as np
@@ -79,7 +82,7 @@ def host_layout(schedule: Schedule) -> HostLayout | None:
     >>> def step(x):
     ...   h = jnp.sin(x) * 2
     ...   return (jnp.cos(h) + h).sum()
-    >>> plan = jaxmem.plan(jax.grad(step), jnp.ones((256, 256)), planner="vdnn", budget=0.0)
+    >>> plan = jaxmem.plan(jax.grad(step), jnp.ones((512, 512)), planner="vdnn", budget=0.5)
     >>> layout = host_layout(plan.schedule())
     >>> layout is None or layout.footprint == layout.max_load
     True
@@ -130,4 +133,74 @@ def _solve(schedule: Schedule) -> HostLayout | None:
                     int(sol.max_load))
 
 
-__all__ = ["ALIGNMENT", "HostLayout", "host_layout"]
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\b(?P<op>custom-call|"
+                          r"get-tuple-element|copy|bitcast)\((?P<operands>[^)]*)\)(?P<rest>.*)$")
+_TARGET = re.compile(r'custom_call_target="(?:jaxmem_)?(?P<target>\w+)"')
+_SLOT = re.compile(r"plan\s*=\s*(?P<plan>-?\d+)\s*:\s*i64,\s*slot\s*=\s*(?P<slot>-?\d+)")
+_INDEX = re.compile(r"index=(?P<index>\d+)")
+
+
+def compiled_lifetimes(layout: HostLayout, hlo_text: str) -> tuple[np.ndarray, np.ndarray] | None:
+  """Each slot's lifetime in the compiled program's order, from its scheduled HLO text.
+
+  Positions are the instructions of the entry computation, in the order XLA
+  runs them: a slot lives from its ``offload_planned`` (or
+  ``offload_start_planned``) to the ``fetch`` (or ``fetch_done``) that reads
+  its handle, followed through ``offload_done``, ``fence``, ``fetch_start``,
+  ``get-tuple-element`` and XLA's ``copy``. A slot whose fetch is not found lives to the
+  end. None when the text has no copy of this layout (another program).
+  The layout is valid for the compiled program when no two slots whose
+  compiled lifetimes overlap share a byte (``jaxmem.dsa.check``).
+  """
+  try:
+    entry = hlo_text[hlo_text.index("\nENTRY"):]
+  except ValueError:
+    return None
+  lines = entry.splitlines()[1:]
+  n = len(lines) + 1
+  lower = np.full(len(layout.nbytes), -1, dtype=np.int64)
+  upper = np.full(len(layout.nbytes), n, dtype=np.int64)
+  slot_of: dict[str, int] = {}     # handle, ticket or tuple name -> slot
+  for pos, line in enumerate(lines):
+    m = _INSTRUCTION.match(line)
+    if m is None:
+      continue
+    name = m["name"]
+    operands = [x.strip().lstrip("%") for x in m["operands"].split(",") if x.strip()]
+    if m["op"] in ("copy", "bitcast"):
+      if operands and operands[0] in slot_of:
+        slot_of[name] = slot_of[operands[0]]   # XLA's copy of a handle or ticket
+      continue
+    if m["op"] == "get-tuple-element":
+      index = _INDEX.search(m["rest"])
+      if operands and operands[0] in slot_of and index and index["index"] == "1":
+        slot_of[name] = slot_of[operands[0]]   # fetch_start's ticket
+      continue
+    target = _TARGET.search(m["rest"])
+    if target is None:
+      continue
+    kind = target["target"]
+    if kind in ("offload_planned", "offload_start_planned"):
+      where = _SLOT.search(m["rest"])
+      if where and int(where["plan"]) == layout.key:
+        slot = int(where["slot"])
+        lower[slot] = pos
+        slot_of[name] = slot
+    elif kind == "fence" and operands and operands[0] in slot_of:
+      slot_of[name] = slot_of[operands[0]]   # a handle or ticket ordered after the chain
+    elif kind == "offload_done" and len(operands) > 1 and operands[1] in slot_of:
+      slot_of[name] = slot_of[operands[1]]
+    elif kind == "fetch_start" and operands and operands[0] in slot_of:
+      slot_of[name] = slot_of[operands[0]]
+    elif kind == "fetch" and operands and operands[0] in slot_of:
+      upper[slot_of[operands[0]]] = pos + 1
+    elif kind == "fetch_done" and len(operands) > 1 and operands[1] in slot_of:
+      upper[slot_of[operands[1]]] = pos + 1
+  if (lower < 0).all():
+    return None
+  # A slot missing from the text (none should be) is live throughout.
+  lower[lower < 0] = 0
+  return lower, upper
+
+
+__all__ = ["ALIGNMENT", "HostLayout", "compiled_lifetimes", "host_layout"]

@@ -98,7 +98,8 @@ def fence(x: ArrayLike, dep: ArrayLike) -> jax.Array:
   )(x, dep)
 
 
-def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
+def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None,
+            dep: ArrayLike | None = None) -> jax.Array:
   """Copies ``x`` into the native host store.
 
   Args:
@@ -110,6 +111,8 @@ def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
       (SmartPool's planned arena); where the plan is not registered or the
       slot is still live, the store's arena serves it (counted in
       ``store_plan_stats``). None: the store's arena.
+    dep: with ``slot``, the copy runs after ``dep`` (the plan's previous
+      copy: slots are taken in the order the layout was solved for).
 
   Returns:
     A ``uint32[2]`` handle for :func:`fetch`.
@@ -121,13 +124,19 @@ def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
         jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
         has_side_effect=True,
         vmap_method="sequential",
-    )(x, **_slot_attrs(slot))
+    )(x, _dep_or_none(dep), **_slot_attrs(slot))
+  if dep is not None:
+    raise ValueError("`offload`: `dep` orders a planned copy; pass `slot` too.")
   return jax.ffi.ffi_call(
       TARGET_PREFIX + "offload",
       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
       has_side_effect=True,
       vmap_method="sequential",
   )(x)
+
+
+def _dep_or_none(dep: ArrayLike | None) -> jax.Array:
+  return jnp.zeros((), jnp.uint8) if dep is None else _as_array(dep)
 
 
 def _slot_attrs(slot: tuple[int, int]) -> dict[str, np.int64]:
@@ -184,25 +193,33 @@ def _check_words(x: ArrayLike, what: str, op: str) -> jax.Array:
   return x
 
 
-def offload_start(x: ArrayLike, *, slot: tuple[int, int] | None = None) -> jax.Array:
+def offload_start(x: ArrayLike, *, slot: tuple[int, int] | None = None,
+                  dep: ArrayLike | None = None) -> jax.Array:
   """Starts copying ``x`` to host memory; returns a ``uint32[2]`` ticket at once.
 
   Args:
     x: The array to stage (any shape, any byte-sized dtype). Pass the same
       array to :func:`offload_done`: that read keeps it allocated meanwhile.
     slot: ``(plan, slot)`` of a planned layout, as for :func:`offload`.
+    dep: with ``slot``, as for :func:`offload`.
 
   Returns:
     A ``uint32[2]`` ticket for :func:`offload_done`.
   """
   x = _as_array(x)
-  target, attrs = ("offload_start", {}) if slot is None else ("offload_start_planned",
-                                                               _slot_attrs(slot))
+  if slot is None:
+    if dep is not None:
+      raise ValueError("`offload_start`: `dep` orders a planned copy; pass `slot` too.")
+    return jax.ffi.ffi_call(
+        TARGET_PREFIX + "offload_start",
+        jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
+        has_side_effect=True,
+    )(x)
   return jax.ffi.ffi_call(
-      TARGET_PREFIX + target,
+      TARGET_PREFIX + "offload_start_planned",
       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
       has_side_effect=True,
-  )(x, **attrs)
+  )(x, _dep_or_none(dep), **_slot_attrs(slot))
 
 
 def offload_done(x: ArrayLike, ticket: ArrayLike, dep: ArrayLike | None = None) -> jax.Array:
