@@ -12,7 +12,7 @@ two copies in another order than the schedule), best-fit's peak footprint, and w
 runs' results are bit-identical to each other.
 
 Writes bench/results/host_layout.{json,md}. Run: ``python bench/host_layout.py [--quick]``
-(about 2 minutes on 2 cores).
+(about 5 minutes on 2 cores; ``--render`` writes the tables again from the last run's JSON).
 """
 
 from __future__ import annotations
@@ -119,9 +119,10 @@ def summary(rows: list[dict]) -> str:
   at_load = sum(r["planned_footprint"] == r["max_load"] for r in done)
   clean = sum(r["fallbacks"] == 0 for r in done)
   ratio = [r["best_fit_footprint"] / r["max_load"] for r in done if r["max_load"]]
+  others = ("" if clean == len(done) else " (the others ran some copies in another order "
+            "than the schedule: their fallback buffers went to best-fit)")
   return (f"* {len(done)} offload plans: the planned footprint equals the max load in "
-          f"{at_load}; no fallback in {clean} (the others ran some copies in another order "
-          f"than the schedule: their fallback buffers went to best-fit); best-fit's footprint "
+          f"{at_load}; no fallback in {clean}{others}; best-fit's footprint "
           f"is {min(ratio):.2f}x to {max(ratio):.2f}x the max load (median "
           f"{float(np.median(ratio)):.2f}x); results bit-identical between the modes in "
           f"{sum(r['identical'] for r in done)}.")
@@ -131,17 +132,23 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="two examples only")
   parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+  parser.add_argument("--render", action="store_true",
+                      help="only write the tables again from the results file of the last run")
   args = parser.parse_args()
-  t0 = time.perf_counter()
-  rows = measure(args.quick)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-  meta = dict(date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), commit=commit,
-              jax=jax.__version__, machine=platform.machine(),
-              total_s=round(time.perf_counter() - t0, 1))
+  out = pathlib.Path(args.out)
+  if args.render:
+    saved = json.loads((out / "host_layout.json").read_text())
+    meta, rows = saved["meta"], saved["rows"]
+  else:
+    t0 = time.perf_counter()
+    rows = measure(args.quick)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    meta = dict(date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), commit=commit,
+                jax=jax.__version__, machine=platform.machine(),
+                total_s=round(time.perf_counter() - t0, 1))
   text = markdown(rows, meta)
   print(text)
-  out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   (out / "host_layout.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   (out / "host_layout.md").write_text(text)

@@ -174,7 +174,7 @@ class Packer {
   }
 
   // Round-robin over the preorderings with doubling node limits.
-  PackResult Run(Clock::time_point deadline, bool has_deadline, int64_t node_limit) {
+  PackResult Run(Clock::time_point deadline, bool has_deadline) {
     PackResult r;
     deadline_ = deadline;
     has_deadline_ = has_deadline;
@@ -197,15 +197,10 @@ class Packer {
       for (uint64_t k = 0; k < std::size(kHeuristics); ++k) {
         heuristic_ = kHeuristics[k];
         heuristic_index_ = k;
-
         run_limit_ = limit;
         run_nodes_ = 0;
-        st = SolveWhole();
+        st = SolveWhole();   // kTimeOut at the deadline or the node limit
         if (st != Status::kAborted) break;
-        if (node_limit > 0 && total_nodes_ >= node_limit) {
-          st = Status::kTimeOut;
-          break;
-        }
       }
       limit = limit > std::numeric_limits<int64_t>::max() / 2 ? limit : 2 * limit;
     }
@@ -525,7 +520,7 @@ PackResult Pack(const Problem& p, int64_t capacity, double time_limit_s, int64_t
       has_deadline ? t0 + std::chrono::duration_cast<Clock::duration>(
                               std::chrono::duration<double>(std::min(time_limit_s, 1e9)))
                    : t0;
-  r = packer.Run(deadline, has_deadline, node_limit);
+  r = packer.Run(deadline, has_deadline);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }

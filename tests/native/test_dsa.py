@@ -391,7 +391,13 @@ def test_cli_in_process(hand_csv, tmp_path):
   assert rc == 1 and out == "" and err.count("\n") == 1 and "`capacity`=10 bytes" in err
   rc, out, _ = _run_cli(["dsa", str(hand_csv), "--capacity", "1KiB"])
   assert rc == 0 and "footprint:  11 bytes" in out
+  # --fit stops at the first placement within the capacity: best-fit's 13 here.
+  rc, out, _ = _run_cli(["dsa", str(hand_csv), "--capacity", "16", "--fit"])
+  assert rc == 0 and "footprint:  13 bytes" in out
+  rc, out, _ = _run_cli(["dsa", str(hand_csv), "--capacity", "11", "--fit"])
+  assert rc == 0 and "footprint:  11 bytes" in out and "method:     pack" in out
   for argv, match in [
+      (["--fit"], "--fit stops at the first placement within --capacity"),
       (["--method", "magic"], "--method 'magic'"),
       (["--time-limit", "soon"], "--time-limit 'soon' is not a number"),
       (["--time-limit", "-1"], "--time-limit must be >= 0"),

@@ -14,7 +14,7 @@ EXIT_INFEASIBLE = 1
 
 
 def add_dsa_parser(sub: argparse._SubParsersAction) -> None:
-  """Adds ``dsa IN.csv [-o OUT.csv] [--method M] [--time-limit S] [--capacity BYTES]``."""
+  """Adds ``dsa IN.csv [-o OUT.csv] [--method M] [--time-limit S] [--capacity BYTES] [--fit]``."""
   p = sub.add_parser(
       "dsa", help="offline DSA: static offsets for buffers in a CSV (id,lower,upper,size)",
       description="Place buffers live on half-open [lower, upper) at byte offsets so that no two "
@@ -27,6 +27,9 @@ def add_dsa_parser(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--time-limit", default="1.0",
                  help="seconds for the exact search (default 1; \"none\" for no limit)")
   p.add_argument("--capacity", help="bytes available (e.g. 1073741824 or 1GiB); exit 1 if exceeded")
+  p.add_argument("--fit", action="store_true",
+                 help="stop at the first placement within --capacity (MiniMalloc's question) "
+                 "instead of minimising the footprint")
 
 
 def main_dsa(args: argparse.Namespace) -> int:
@@ -46,6 +49,8 @@ def main_dsa(args: argparse.Namespace) -> int:
       if math.isnan(limit) or limit < 0:
         raise ValueError(f"--time-limit must be >= 0 seconds, got {args.time_limit}")
     cap = args.capacity
+    if args.fit and cap is None:
+      raise ValueError("--fit stops at the first placement within --capacity: pass --capacity too")
     if cap is not None:
       cap = int(cap) if is_int(cap) else cap
       cap = capacity_bytes(cap)
@@ -55,7 +60,7 @@ def main_dsa(args: argparse.Namespace) -> int:
     return EXIT_USER_ERROR
   try:
     sol = solve(inst.lower, inst.upper, inst.size, capacity=cap, time_limit_s=limit,
-                method=args.method)
+                method=args.method, goal="fit" if args.fit else "minimize")
   except CapacityError as e:
     print(f"jaxmem dsa: {_one_line(e)}", file=err)
     return EXIT_INFEASIBLE

@@ -76,18 +76,7 @@ def tiling_instance(seed: int, *, num_buffers: int | None = None,
   Returns:
     An :class:`Instance`, buffers in random order.
   """
-  if capacity <= 0 or capacity % UNIT:
-    raise ValueError(f"`capacity` must be a positive multiple of {UNIT} bytes; got {capacity}")
-  if horizon < 2:
-    raise ValueError(f"`horizon` must be >= 2 time units; got {horizon}")
-  rng = np.random.default_rng(seed)
-  n = int(rng.integers(150, 451)) if num_buffers is None else int(num_buffers)
-  if n < 1:
-    raise ValueError(f"`num_buffers` must be >= 1; got {num_buffers}")
-  if slack is None:
-    slack = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.005, 0.06))
-  if not 0.0 <= slack < 1.0:
-    raise ValueError(f"`slack` must be in [0, 1); got {slack}")
+  rng, n, slack = _draw(seed, num_buffers, capacity, horizon, slack, fewest=150)
   units = capacity // UNIT
   max_units = max(1, int(MAX_SIZE_FRACTION * units))
   # Rectangles (time0, time1, unit0, unit1); the largest area is cut next
@@ -147,6 +136,24 @@ def tiling_instance(seed: int, *, num_buffers: int | None = None,
   keep = _drop_off_peak(lower[keep], upper[keep], size[keep], n, rng, keep)
   order = keep[rng.permutation(len(keep))]
   return Instance(lower[order], upper[order], size[order], int(capacity), offsets[order])
+
+
+def _draw(seed: int, num_buffers: int | None, capacity: int, horizon: int, slack: float | None,
+          fewest: int) -> tuple[np.random.Generator, int, float]:
+  """Checks the generators' arguments; the random generator, the buffer count and the slack."""
+  if capacity <= 0 or capacity % UNIT:
+    raise ValueError(f"`capacity` must be a positive multiple of {UNIT} bytes; got {capacity}")
+  if horizon < 2:
+    raise ValueError(f"`horizon` must be >= 2 time units; got {horizon}")
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(fewest, 451)) if num_buffers is None else int(num_buffers)
+  if n < 1:
+    raise ValueError(f"`num_buffers` must be >= 1; got {num_buffers}")
+  if slack is None:
+    slack = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.005, 0.06))
+  if not 0.0 <= slack < 1.0:
+    raise ValueError(f"`slack` must be in [0, 1); got {slack}")
+  return rng, n, float(slack)
 
 
 def _drop_within(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacity: int,
@@ -217,15 +224,8 @@ def program_instance(seed: int, *, num_buffers: int | None = None, capacity: int
     >>> dsa.check(inst.lower, inst.upper, inst.size, inst.offsets) <= inst.capacity
     True
   """
-  if capacity <= 0 or capacity % UNIT:
-    raise ValueError(f"`capacity` must be a positive multiple of {UNIT} bytes; got {capacity}")
-  rng = np.random.default_rng(seed)
   # A few buffers may be dropped for `slack`: draw from 165 so that 150 remain.
-  n = int(rng.integers(165, 451)) if num_buffers is None else int(num_buffers)
-  if n < 1:
-    raise ValueError(f"`num_buffers` must be >= 1; got {num_buffers}")
-  if slack is None:
-    slack = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.005, 0.06))
+  rng, n, slack = _draw(seed, num_buffers, capacity, horizon, slack, fewest=165)
   units = capacity // UNIT
   max_units = max(1, int(MAX_SIZE_FRACTION * units))
   fills = int(rng.integers(1, 5))

@@ -117,22 +117,25 @@ def offload(x: ArrayLike, *, slot: tuple[int, int] | None = None,
   Returns:
     A ``uint32[2]`` handle for :func:`fetch`.
   """
+  return _copy_out("offload", x, slot, dep, vmap_method="sequential")
+
+
+def _copy_out(op: str, x: ArrayLike, slot: tuple[int, int] | None, dep: ArrayLike | None,
+              **call_kw: str) -> jax.Array:
+  """The ``op`` (offload or offload_start) custom call: its planned variant with ``slot``."""
   x = _as_array(x)
-  if slot is not None:
-    return jax.ffi.ffi_call(
-        TARGET_PREFIX + "offload_planned",
-        jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
-        has_side_effect=True,
-        vmap_method="sequential",
-    )(x, _dep_or_none(dep), **_slot_attrs(slot))
-  if dep is not None:
-    raise ValueError("`offload`: `dep` orders a planned copy; pass `slot` too.")
+  if slot is None:
+    if dep is not None:
+      raise ValueError(f"`{op}`: `dep` orders a planned copy; pass `slot` too.")
+    operands, target, attrs = (x,), op, {}
+  else:
+    operands, target, attrs = (x, _dep_or_none(dep)), op + "_planned", _slot_attrs(slot)
   return jax.ffi.ffi_call(
-      TARGET_PREFIX + "offload",
+      TARGET_PREFIX + target,
       jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
       has_side_effect=True,
-      vmap_method="sequential",
-  )(x)
+      **call_kw,
+  )(*operands, **attrs)
 
 
 def _dep_or_none(dep: ArrayLike | None) -> jax.Array:
@@ -206,20 +209,7 @@ def offload_start(x: ArrayLike, *, slot: tuple[int, int] | None = None,
   Returns:
     A ``uint32[2]`` ticket for :func:`offload_done`.
   """
-  x = _as_array(x)
-  if slot is None:
-    if dep is not None:
-      raise ValueError("`offload_start`: `dep` orders a planned copy; pass `slot` too.")
-    return jax.ffi.ffi_call(
-        TARGET_PREFIX + "offload_start",
-        jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
-        has_side_effect=True,
-    )(x)
-  return jax.ffi.ffi_call(
-      TARGET_PREFIX + "offload_start_planned",
-      jax.ShapeDtypeStruct(HANDLE_SHAPE, HANDLE_DTYPE),
-      has_side_effect=True,
-  )(x, _dep_or_none(dep), **_slot_attrs(slot))
+  return _copy_out("offload_start", x, slot, dep)
 
 
 def offload_done(x: ArrayLike, ticket: ArrayLike, dep: ArrayLike | None = None) -> jax.Array:
