@@ -37,8 +37,10 @@ from jaxmem._src.plan.schedule import Schedule, StepKind
 
 #: Every slot starts at a multiple of this (the host store's alignment).
 ALIGNMENT = 64
-#: The layout's solve stops here (seconds); the schedules' instances are small.
-SOLVE_SECONDS = 1.0
+#: The layout's solve stops here (seconds): it runs at every lowering of a plan (`fit`
+#: compiles several), and schedules' host buffers nest, so best-fit or the decision search
+#: usually reach the max load at once.
+SOLVE_SECONDS = 0.25
 
 _KEYS = itertools.count(1)
 # One registered layout per schedule object (a plan's schedule is built once:
