@@ -262,6 +262,19 @@ std::shared_ptr<HostArena> HostStore::RetireArenaLocked() {
   return old;
 }
 
+namespace {
+
+// A planned arena of a layout given as slot -> (offset, bytes).
+Status MakePlannedArena(
+    const std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>>& slots,
+    uint64_t footprint, std::unique_ptr<HostArena>* out) {
+  std::unordered_map<int64_t, PlannedArena::Slot> arena_slots;
+  for (const auto& [id, slot] : slots) arena_slots[id] = {slot.first, slot.second};
+  return PlannedArena::Create(std::move(arena_slots), footprint, out);
+}
+
+}  // namespace
+
 Status HostStore::RegisterPlan(
     int64_t plan, std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> slots,
     uint64_t footprint) {
@@ -272,10 +285,8 @@ Status HostStore::RegisterPlan(
   // Validated by making the arena once; its memory is mapped again at the
   // first allocation (a plan that is compiled but never run holds none).
   {
-    std::unordered_map<int64_t, PlannedArena::Slot> arena_slots;
-    for (const auto& [id, slot] : slots) arena_slots[id] = {slot.first, slot.second};
     std::unique_ptr<HostArena> made;
-    JAXMEM_RETURN_IF_ERROR(PlannedArena::Create(std::move(arena_slots), footprint, &made)
+    JAXMEM_RETURN_IF_ERROR(MakePlannedArena(slots, footprint, &made)
                                .Prefixed("store_register_plan: "));
   }
   std::shared_ptr<HostArena> old;
@@ -325,13 +336,9 @@ Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out, PlanSlot where) 
       auto it = use_plans ? plans_.find(where.plan) : plans_.end();
       if (it != plans_.end()) {
         Plan& p = it->second;
-        if (!p.arena) {
-          std::unordered_map<int64_t, PlannedArena::Slot> arena_slots;
-          for (const auto& [id, slot] : p.slots) arena_slots[id] = {slot.first, slot.second};
-          std::unique_ptr<HostArena> made;
-          if (PlannedArena::Create(std::move(arena_slots), p.footprint, &made).ok()) {
-            p.arena = std::shared_ptr<HostArena>(std::move(made));
-          }
+        std::unique_ptr<HostArena> made;
+        if (!p.arena && MakePlannedArena(p.slots, p.footprint, &made).ok()) {
+          p.arena = std::shared_ptr<HostArena>(std::move(made));
         }
         planned = p.arena;
       }
