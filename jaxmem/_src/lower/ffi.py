@@ -134,45 +134,39 @@ def _copy_step(step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
 
 
 class _PlannedCopies:
-  """The copies of a planned host layout, run one after the other in the schedule's order.
+  """The copies of a planned host layout, each taking its slot after the slots it reuses are freed.
 
   The layout is solved for the order of the schedule's copies; XLA may run
   copies that do not depend on each other in another order, or at once
-  (XLA:CPU's thunk executor). So each copy also depends on the one before:
-  the offloads through their ``dep`` operand, the fetches through a fence on
-  their handle or ticket (a few bytes), and after a fetch the next copy waits
-  for a one-byte fence on the fetched value. Slots are then taken and freed
-  in the order the layout was solved for.
+  (XLA:CPU's thunk executor). So a copy into a slot that reuses bytes of
+  earlier ones (``HostLayout.waits``) also depends on their frees: its
+  ``dep`` operand is a one-byte fence after each of their fetches. Copies
+  whose bytes no earlier slot used are left free to move.
   """
 
   def __init__(self, layout: HostLayout):
     self.layout = layout
-    self.token: Any = None   # a small array: the previous copy is done
-
-  def _after(self, x: Any) -> Any:
-    return x if self.token is None else native.fence(x, self.token)
+    self.freed: dict[int, Any] = {}   # slot -> a one-byte array ready once it is freed
+    # Only the frees a later copy waits for get that array: a fence nobody
+    # reads still reads the fetched value, and XLA may run it late, keeping
+    # the value alive (measured: +18% compiled peak on a step).
+    self.awaited = {a for wait in layout.waits for a in wait}
 
   def copy(self, index: int, step: Step, ins: list[Any], program: Any) -> list[jax.Array]:
     kind = step.kind
     if kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
-      slot = (self.layout.key, self.layout.slots[index])
+      slot = self.layout.slots[index]
+      dep = None
+      for earlier in self.layout.waits[slot]:
+        token = self.freed[earlier]
+        dep = token if dep is None else native.fence(dep, token)
       op = native.offload if kind is StepKind.OFFLOAD else native.offload_start
-      out = op(ins[0], slot=slot, dep=self.token)
-      self.token = out
-      return [out]
-    if kind is StepKind.FETCH:
-      outs = _copy_step(step, [self._after(ins[0]), *ins[1:]], program)
-      self.token = native.fence(_PIN_DEP, outs[0])
-      return outs
-    if kind is StepKind.FETCH_START:
-      outs = _copy_step(step, [self._after(ins[0]), *ins[1:]], program)
-      self.token = outs[1]   # the ticket
-      return outs
-    if kind is StepKind.FETCH_DONE:
-      outs = _copy_step(step, [ins[0], self._after(ins[1]), *ins[2:]], program)
-      self.token = native.fence(_PIN_DEP, outs[0])
-      return outs
-    return _copy_step(step, ins, program)   # offload_done: takes and frees no slot
+      return [op(ins[0], slot=(self.layout.key, slot), dep=dep)]
+    outs = _copy_step(step, ins, program)
+    slot = self.layout.frees.get(index)   # a fetch or fetch_done: its slot is free after it
+    if slot in self.awaited:
+      self.freed[slot] = native.fence(_PIN_DEP, outs[0])
+    return outs
 
 
 def _copy_step_per_device(ops: PerDevice, step: Step, ins: list[Any], program: Any,

@@ -15,10 +15,11 @@ slot (``offload(x, slot=(key, slot))``).
 Departure from SmartPool: SmartPool lays out device memory from a profiled
 iteration; here it is the host memory of planned offloads, with lifetimes from
 the schedule. XLA may run copies that do not depend on each other in another
-order than the schedule's, or at once, so the ``ffi`` backend chains the
-planned copies in the schedule's order (each depends on the one before), and
-:func:`compiled_lifetimes` reads their order back from the compiled program to
-check it. A slot that would still overlap a live one at run time is served by
+order than the schedule's, or at once, so the ``ffi`` backend makes each copy
+that reuses bytes of earlier slots wait for their frees (:func:`reuse_waits`;
+ordering every copy after the one before raised a step's compiled peak by up
+to 18%), and :func:`compiled_lifetimes` reads the order back from the compiled
+program to check it. A slot that would still overlap a live one at run time is served by
 the store's arena instead, counted in ``store_plan_stats(key)["fallbacks"]``.
 """
 
@@ -62,6 +63,10 @@ class HostLayout:
     footprint: bytes of the planned buffer.
     max_load: most host bytes live at one step (aligned): no layout is
       smaller; ``footprint == max_load`` is an optimal layout.
+    frees: step index of each fetch (or fetch_done) -> the slot it frees.
+    waits: per slot, the slots whose bytes it reuses: freed earlier in the
+      schedule, their bytes overlap its own. Its copy must wait for their
+      frees (:func:`reuse_waits`); the ``ffi`` backend orders it after them.
   """
   key: int
   slots: dict[int, int]
@@ -71,6 +76,8 @@ class HostLayout:
   offsets: np.ndarray
   footprint: int
   max_load: int
+  frees: dict[int, int] = dataclasses.field(default_factory=dict)
+  waits: tuple[tuple[int, ...], ...] = ()
 
 
 def host_layout(schedule: Schedule) -> HostLayout | None:
@@ -106,6 +113,7 @@ def _solve(schedule: Schedule) -> HostLayout | None:
   upper: list[int] = []
   nbytes: list[int] = []
   slots: dict[int, int] = {}
+  frees: dict[int, int] = {}
   end = len(steps) + 1
   for i, st in enumerate(steps):
     if st.kind in (StepKind.OFFLOAD, StepKind.OFFLOAD_START):
@@ -117,11 +125,13 @@ def _solve(schedule: Schedule) -> HostLayout | None:
     elif st.kind is StepKind.OFFLOAD_DONE:
       alloc_of[st.outputs[0]] = alloc_of[st.inputs[1]]   # handle <- ticket
     elif st.kind is StepKind.FETCH:
-      upper[slots[alloc_of[st.inputs[0]]]] = i + 1
+      frees[i] = slots[alloc_of[st.inputs[0]]]
+      upper[frees[i]] = i + 1
     elif st.kind is StepKind.FETCH_START:
       alloc_of[st.outputs[1]] = alloc_of[st.inputs[0]]   # ticket <- handle
     elif st.kind is StepKind.FETCH_DONE:
-      upper[slots[alloc_of[st.inputs[1]]]] = i + 1
+      frees[i] = slots[alloc_of[st.inputs[1]]]
+      upper[frees[i]] = i + 1
   if not lower:
     return None
   size = np.asarray(nbytes, dtype=np.int64)
@@ -132,7 +142,49 @@ def _solve(schedule: Schedule) -> HostLayout | None:
   store.store_register_plan(key, slots=range(len(size)), offsets=sol.offsets, sizes=size,
                             footprint=max(sol.footprint, ALIGNMENT))
   return HostLayout(key, slots, lo, up, size, sol.offsets, int(sol.footprint),
-                    int(sol.max_load))
+                    int(sol.max_load), frees, reuse_waits(lo, up, aligned, sol.offsets))
+
+
+def reuse_waits(lower: np.ndarray, upper: np.ndarray, nbytes: np.ndarray,
+                offsets: np.ndarray) -> tuple[tuple[int, ...], ...]:
+  """Per slot, the slots freed before it is taken whose bytes it reuses, fewest that order it.
+
+  A slot must not be taken before every earlier slot sharing a byte with it
+  is freed. For each of its bytes, waiting for the last slot freed there is
+  enough: two earlier slots sharing that byte were not live together, so the
+  later one already waits for the earlier (by the same rule).
+
+  Example:
+    >>> reuse_waits(np.array([0, 2, 4]), np.array([2, 4, 6]), np.array([8, 4, 8]),
+    ...             np.array([0, 0, 0]))
+    ((), (0,), (1, 0))
+  """
+  waits = []
+  for b in range(len(lower)):
+    lo_b, hi_b = int(offsets[b]), int(offsets[b] + nbytes[b])
+    cand = np.flatnonzero((upper <= lower[b]) & (offsets < hi_b) & (offsets + nbytes > lo_b)
+                          & (nbytes > 0))
+    kept: list[int] = []
+    covered: list[tuple[int, int]] = []
+    for a in cand[np.argsort(-upper[cand], kind="stable")]:
+      lo, hi = max(lo_b, int(offsets[a])), min(hi_b, int(offsets[a] + nbytes[a]))
+      if not _covers(covered, lo, hi):
+        kept.append(int(a))
+        covered.append((lo, hi))
+    waits.append(tuple(kept))
+  return tuple(waits)
+
+
+def _covers(intervals: list[tuple[int, int]], lo: int, hi: int) -> bool:
+  """Whether the union of ``intervals`` covers ``[lo, hi)``."""
+  at = lo
+  for a, b in sorted(intervals):
+    if a > at:
+      return False
+    at = max(at, b)
+    if at >= hi:
+      return True
+  return at >= hi
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*.*?\b(?P<op>custom-call|"
@@ -205,4 +257,4 @@ def compiled_lifetimes(layout: HostLayout, hlo_text: str) -> tuple[np.ndarray, n
   return lower, upper
 
 
-__all__ = ["ALIGNMENT", "HostLayout", "compiled_lifetimes", "host_layout"]
+__all__ = ["ALIGNMENT", "HostLayout", "compiled_lifetimes", "host_layout", "reuse_waits"]
