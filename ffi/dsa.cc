@@ -661,7 +661,6 @@ Result Exact(const Problem& p, const Options& options) {
         if (st == PackStatus::kLimit && best.nodes == nodes_before) break;
       }
     }
-    if (lower_bound >= best.footprint) proven = true;
   }
   // 3. Branch-and-bound on the footprint from the best placement so far.
   if (!proven && !hopeless && !done && lower_bound < best.footprint) {

@@ -110,9 +110,11 @@ Result Greedy(const Problem& p, Fit fit);
 
 // Seeded with the better of best-fit and first-fit (so never worse than
 // either): `Pack` at `options.capacity` when given (and the seeds do not fit
-// it), then `Pack` at the max load for half of the time left, then the
-// branch-and-bound from the best placement for the rest. Validates `p`. The seeds always run to the end
-// (O(n^2 log n)); `options.time_limit_s` counts from the start of the call.
+// it), then `Pack` at the max load and in a bisection on the capacity, each
+// probe with a third of the time left while more than a quarter of the limit
+// remains, then the branch-and-bound from the best placement for the rest.
+// Validates `p`. The seeds always run to the end (O(n^2 log n));
+// `options.time_limit_s` counts from the start of the call.
 Result Exact(const Problem& p, const Options& options);
 
 // Dispatches on `method`: "best-fit", "first-fit", "exact" or "auto" (the

@@ -350,10 +350,6 @@ Status HostStore::AllocateBuffer(size_t bytes, HostBuffer* out, PlanSlot where) 
       auto it = plans_.find(where.plan);
       if (it != plans_.end()) {
         ++(ok ? it->second.planned : it->second.fallbacks);
-        if (ok) {
-          it->second.peak_live = std::max(it->second.peak_live,
-                                          planned->Stats().peak_live_bytes);
-        }
       }
     }
     if (ok) {
@@ -597,7 +593,12 @@ uint64_t HostStore::Clear() {
     // allocation makes a fresh one of the same configuration. Planned
     // layouts stay registered; their buffers are made again at next use.
     old = RetireArenaLocked();
-    for (auto& [key, plan] : plans_) planned.push_back(std::move(plan.arena));
+    for (auto& [key, plan] : plans_) {
+      if (!plan.arena) continue;
+      // The arena's own peak goes with it: keep it in the plan's counters.
+      plan.peak_live = std::max(plan.peak_live, plan.arena->Stats().peak_live_bytes);
+      planned.push_back(std::move(plan.arena));
+    }
   }
   planned.clear();
   doomed.clear();  // frees the buffers into `old` outside the lock

@@ -318,6 +318,8 @@ class HostStore {
     std::unordered_map<int64_t, std::pair<uint64_t, uint64_t>> slots;
     uint64_t footprint = 0;
     std::shared_ptr<HostArena> arena;   // null after Clear until next use
+    // `peak_live`: the peak of arenas dropped by `Clear` (the current
+    // arena's own peak is read in `PlanStatsOf`).
     uint64_t planned = 0, fallbacks = 0, peak_live = 0;
   };
   std::unordered_map<int64_t, Plan> plans_ GUARDED_BY(mu_);

@@ -52,8 +52,8 @@ ffi::Error OffloadImpl(ffi::AnyBuffer x, ffi::ResultBufferR1<ffi::U32> handle) {
 }
 
 // A planned buffer (host_store.h): its memory is slot `slot` of plan `plan`;
-// `dep` orders it after the plan's previous copy, so that slots are taken and
-// freed in the order the layout was solved for.
+// `dep` orders it after the frees of the slots whose bytes it reuses
+// (jaxmem/_src/lower/ffi.py), as the layout was solved for.
 ffi::Error OffloadPlannedImpl(ffi::AnyBuffer x, ffi::AnyBuffer /*dep*/,
                               ffi::ResultBufferR1<ffi::U32> handle, int64_t plan,
                               int64_t slot) {

@@ -64,7 +64,7 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
       return x.val if isinstance(x, _compat.Literal) else env[x]
 
     fence = native.fence if per_device is None else per_device.fence
-    chain = _PlannedCopies(layout) if layout is not None else None
+    planned = _PlannedCopies(layout) if layout is not None else None
     keys: dict[int, int] = {}   # handle value -> its round trip's key (per device only)
     groups: dict[int, int] = {}   # original variable -> its Shardy sharding group
 
@@ -99,7 +99,7 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
       elif kind is StepKind.PIN:
         outs = [fence(ins[0], _PIN_DEP)]
       elif per_device is None and layout is not None:
-        outs = chain.copy(index, step, ins, program)
+        outs = planned.copy(index, step, ins, program)
       elif per_device is None:
         outs = _copy_step(step, ins, program)
       else:

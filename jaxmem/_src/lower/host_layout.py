@@ -200,7 +200,7 @@ def compiled_lifetimes(layout: HostLayout, hlo_text: str) -> tuple[np.ndarray, n
   Positions are the instructions of the entry computation, in the order XLA
   runs them: a slot lives from its ``offload_planned`` (or
   ``offload_start_planned``) to the ``fetch`` (or ``fetch_done``) that reads
-  its handle, followed through ``offload_done``, ``fence``, ``fetch_start``,
+  its handle, followed through ``offload_done``, ``fetch_start``,
   ``get-tuple-element`` and XLA's ``copy``. A slot whose fetch is not found lives to the
   end. None when the text has no copy of this layout (another program).
   The layout is valid for the compiled program when no two slots whose
@@ -240,8 +240,6 @@ def compiled_lifetimes(layout: HostLayout, hlo_text: str) -> tuple[np.ndarray, n
         slot = int(where["slot"])
         lower[slot] = pos
         slot_of[name] = slot
-    elif kind == "fence" and operands and operands[0] in slot_of:
-      slot_of[name] = slot_of[operands[0]]   # a handle or ticket ordered after the chain
     elif kind == "offload_done" and len(operands) > 1 and operands[1] in slot_of:
       slot_of[name] = slot_of[operands[1]]
     elif kind == "fetch_start" and operands and operands[0] in slot_of:

@@ -21,9 +21,11 @@ Learning Systems*, §III-A). Two algorithms run in the native extension
   ASPLOS 2023; ``ffi/dsa_pack.cc``: canonical bottom-up placements,
   cross-section inference, dominance, dynamic temporal decomposition,
   round-robin preorderings) looks for a placement within ``capacity`` (when
-  given) and at the max load (which is then optimal), for half of the time
-  left; the rest goes to a branch-and-bound on the footprint over the same
-  canonical placements, pruned with cross-section lower bounds. When a
+  given), then at the max load (which is then optimal) and in a bisection on
+  the capacity, each probe with a third of the time left while more than a
+  quarter of the limit remains; the rest goes to a branch-and-bound on the
+  footprint over the same canonical placements, pruned with cross-section
+  lower bounds. When a
   search finishes the footprint is proven optimal; when ``time_limit_s``
   runs out it returns the best solution found, never worse than best-fit.
   ``goal="fit"`` stops at the first placement within ``capacity``.
