@@ -69,6 +69,10 @@ NB_MODULE(_native, m) {
         registrations["fetch_start"] =
             EncapsulateFfiHandler(JaxmemCudaFetchStart);
         registrations["fetch_done"] = EncapsulateFfiHandler(JaxmemCudaFetchDone);
+        registrations["offload_planned"] =
+            EncapsulateFfiHandler(JaxmemCudaOffloadPlanned);
+        registrations["offload_start_planned"] =
+            EncapsulateFfiHandler(JaxmemCudaOffloadStartPlanned);
 #endif
         return registrations;
       },

@@ -543,6 +543,28 @@ ffi::Error OffloadStartImpl(cudaStream_t stream, ffi::AnyBuffer x,
   return ToFfiError(OffloadStart(stream, x, ticket));
 }
 
+// The planned forms (offload_planned, offload_start_planned: the ffi
+// backend's copies into a planned host layout, jaxmem/_src/lower/ffi.py).
+// Departure from the CPU handlers: on CUDA the copy goes to the pinned pool,
+// not to slot `slot` of plan `plan` of the host store's planned arena. The
+// arena is malloc'd memory, and a device-to-host DMA into pageable memory is
+// staged through a driver buffer and does not overlap computation; the pool
+// already reuses pinned blocks by size. `dep` still orders the copy after the
+// frees the layout reuses, so the values and the order are the CPU's.
+ffi::Error OffloadPlannedImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                              ffi::AnyBuffer /*dep*/,
+                              ffi::ResultBufferR1<ffi::U32> handle,
+                              int64_t /*plan*/, int64_t /*slot*/) {
+  return ToFfiError(Offload(stream, x, handle));
+}
+
+ffi::Error OffloadStartPlannedImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                                   ffi::AnyBuffer /*dep*/,
+                                   ffi::ResultBufferR1<ffi::U32> ticket,
+                                   int64_t /*plan*/, int64_t /*slot*/) {
+  return ToFfiError(OffloadStart(stream, x, ticket));
+}
+
 ffi::Error OffloadDoneImpl(cudaStream_t stream, ffi::AnyBuffer x,
                            ffi::BufferR1<ffi::U32> ticket,
                            ffi::AnyBuffer /*dep*/,
@@ -608,6 +630,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadStart, jaxmem::OffloadStartImpl,
                                   .Ctx<CudaStream>()
                                   .Arg<ffi::AnyBuffer>()             // x
                                   .Ret<ffi::BufferR1<ffi::U32>>());  // ticket
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadPlanned, jaxmem::OffloadPlannedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Arg<ffi::AnyBuffer>()            // dep
+                                  .Ret<ffi::BufferR1<ffi::U32>>()   // handle
+                                  .Attr<int64_t>("plan")
+                                  .Attr<int64_t>("slot"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadStartPlanned,
+                              jaxmem::OffloadStartPlannedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<CudaStream>()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Arg<ffi::AnyBuffer>()            // dep
+                                  .Ret<ffi::BufferR1<ffi::U32>>()   // ticket
+                                  .Attr<int64_t>("plan")
+                                  .Attr<int64_t>("slot"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmemCudaOffloadDone, jaxmem::OffloadDoneImpl,
                               ffi::Ffi::Bind()

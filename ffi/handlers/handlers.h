@@ -46,6 +46,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaOffloadStart);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaOffloadDone);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaFetchStart);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaFetchDone);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaOffloadPlanned);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxmemCudaOffloadStartPlanned);
 
 namespace jaxmem {
 // Frees pooled pinned host memory and outstanding CUDA tickets; returns the

@@ -42,6 +42,8 @@ def check_fit_half(step, args):
   got = train(fitted, args, 3)
   want = train(jax.jit(step), args, 3)
   assert_trees_equal(got, want)
+  # As with jax.jit, the compiled step is called with the step's own arguments.
+  assert_trees_equal(compiled(*args), jax.jit(step)(*args))
   return res, got, want
 
 

@@ -42,6 +42,7 @@ from jaxmem._src.native.extension import native_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HANDLERS = {"fence", "offload", "fetch", "offload_start", "offload_done", "fetch_start",
+            "offload_planned", "offload_start_planned",
             "fetch_done"}
 STATUS_PREFIXES = ("loaded: ", "not loaded: ", "not built: ")
 

@@ -138,6 +138,40 @@ class _Entry:
   local: Any = None   # for an ahead-of-time target: the same step without its compiler options
 
 
+class _FittedLowered:
+  """``jax.stages.Lowered`` of a fitted step whose ``compile()`` is called with the step's arguments.
+
+  The fitted program takes the dynamic arguments and a dict of keyword
+  arguments (static arguments are baked in); this wrapper keeps that out of
+  the user's way: ``fitted.lower(*args).compile()(*args)`` runs as it does for
+  ``jax.jit``. Everything else (``as_text``, ``cost_analysis``, ...) is the
+  wrapped object's.
+  """
+
+  def __init__(self, lowered: Any, fitted: Fitted):
+    self._lowered, self._fitted = lowered, fitted
+
+  def compile(self, *args: Any, **kwargs: Any) -> _FittedCompiled:
+    return _FittedCompiled(self._lowered.compile(*args, **kwargs), self._fitted)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._lowered, name)
+
+
+class _FittedCompiled:
+  """``jax.stages.Compiled`` of a fitted step, called with the step's own arguments."""
+
+  def __init__(self, compiled: Any, fitted: Fitted):
+    self._compiled, self._fitted = compiled, fitted
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    _, dyn, _, _ = self._fitted._split(args, kwargs)
+    return self._compiled(*dyn)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._compiled, name)
+
+
 def _aval_key(leaf: Any) -> tuple[tuple[int, ...], str, bool]:
   aval = jax.typeof(leaf) if not isinstance(leaf, jax.ShapeDtypeStruct) else leaf
   return (tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False)))
@@ -208,7 +242,7 @@ class Fitted:
     target they are placed on its devices (:meth:`jaxmem.Target.place`).
     """
     entry, dyn = self._entry(args, kwargs)
-    return entry.jitted.lower(*self.target.place(dyn))
+    return _FittedLowered(entry.jitted.lower(*self.target.place(dyn)), self)
 
   def fit_result(self, *args: Any, **kwargs: Any) -> FitResult:
     """The :class:`FitResult` for these arguments (plans if needed)."""
