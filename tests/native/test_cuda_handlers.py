@@ -52,7 +52,10 @@ needs_cuda_handlers = pytest.mark.skipif(
 
 def _run(code: str) -> str:
   """Runs `code` in a fresh interpreter (the loaded runtime is process-wide); its stdout."""
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+  # JAX_PLATFORMS=cpu: importing jaxmem loads the runtime where jax has a CUDA
+  # plugin (a GPU machine); these tests load it themselves.
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc.stdout
