@@ -4,9 +4,10 @@
 #   1. the package's own build (`pip install .`: scikit-build-core + CMake + nanobind;
 #      the CUDA handlers are plain C++ that load jax's libcudart at run time, no nvcc),
 #   2. the CUDA tests (tests/native/test_cuda_gpu.py, test_cuda_handlers.py) on the GPU,
-#   3. bench/gpu_bench.py: one plan through both backends, peak and step time.
-# Usage: OUT=DIR [PYTHON=python3] [MODELS=mlp,gpt] [DEADLINE=seconds] bench/gpu_check.sh [build|test|bench]...
-# With no stage named, runs all three. Logs and results go to $OUT.
+#   3. the quickstart's demo (python -m jaxmem demo) on the GPU,
+#   4. bench/gpu_bench.py: one plan through both backends, peak and step time.
+# Usage: OUT=DIR [PYTHON=python3] [MODELS=mlp,gpt] [DEADLINE=seconds] bench/gpu_check.sh [build|test|demo|bench]...
+# With no stage named, runs all four. Logs and results go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxmem_gpu}
@@ -14,7 +15,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false   # peaks are read from the compiled program
-stages=${*:-build test bench}
+stages=${*:-build test demo bench}
 rc=0
 for stage in $stages; do
   echo "=== $stage ($(date +%T))"
@@ -32,13 +33,17 @@ for stage in $stages; do
         tests/native/test_cuda_gpu.py tests/native/test_cuda_handlers.py >"$OUT/pytest.log" 2>&1 || rc=1
       tail -25 "$OUT/pytest.log"
       ;;
+    demo)
+      (cd /tmp && timeout "${DEMO_TIMEOUT:-90}" "$PY" -m jaxmem demo) >"$OUT/demo.log" 2>&1 || rc=1
+      tail -15 "$OUT/demo.log"
+      ;;
     bench)
       timeout "${BENCH_TIMEOUT:-330}" "$PY" bench/gpu_bench.py --out "$OUT" \
         --models "${MODELS:-mlp,gpt,resnet18}" --deadline "${DEADLINE:-240}" \
         --steps "${STEPS:-10}" 2>"$OUT/bench.log" | tail -20 || rc=1
       grep -v "^\s" "$OUT/bench.log" | grep "\] \[" | tail -30
       ;;
-    *) echo "unknown stage $stage (build, test, bench)"; exit 2 ;;
+    *) echo "unknown stage $stage (build, test, demo, bench)"; exit 2 ;;
   esac
 done
 exit $rc
