@@ -254,7 +254,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
   return "\n".join([
       "# One plan through both backends on a GPU",
       "",
-      f"`python bench/gpu_bench.py` on {meta['device']} ({meta['date']}, commit "
+      f"`{meta.get('command', 'python bench/gpu_bench.py')}` on {meta['device']} ({meta['date']}, commit "
       f"{meta['commit']}; jax {meta['jax']}, jaxlib {meta['jaxlib']}; CUDA handlers: "
       f"{meta['cuda_status']}).",
       "",
@@ -270,6 +270,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "",
       table(rows),
       "",
+      *(["## On the same machine", "", *(f"- {n}" for n in meta["notes"]), ""]
+        if meta.get("notes") else []),
   ])
 
 

@@ -36,8 +36,9 @@ MiB = 2 ** 20
 
 
 def parse_dump(directory: str, module: str = "jit_step", platform: str = "cpu") -> dict:
-  """Buffers, live ranges and instructions of one dumped HLO module (XLA:CPU or XLA:TPU)."""
-  stem = "cpu_after_optimizations" if platform == "cpu" else "cl_*.after_optimizations"
+  """Buffers, live ranges and instructions of one dumped HLO module (XLA:CPU, :GPU or :TPU)."""
+  stem = {"cpu": "cpu_after_optimizations", "gpu": "sm_*_gpu_after_optimizations"}.get(
+      platform, "cl_*.after_optimizations")
 
   def one(suffix: str) -> str:
     found = sorted(glob.glob(f"{directory}/*{module}.{stem}{suffix}"))

@@ -475,6 +475,19 @@ def topology_devices(platform: str, topology: str, chips_per_host_bounds: tuple[
   return tuple(desc.devices)
 
 
+def gpu_topology_devices(target_config: str) -> tuple[Any, ...]:
+  """The device of one NVIDIA GPU described by ``target_config``, compiled for without a GPU.
+
+  XLA:GPU's deviceless compilation (openxla/xla#16913): jax's CUDA plugin
+  builds the topology from the device description instead of a local GPU.
+  jax 0.10.2 + jax-cuda12-plugin 0.10.2 compile for it on a CPU-only machine.
+  """
+  from jax.experimental import topologies
+  desc = topologies.get_topology_desc(platform="cuda", target_config=target_config,
+                                      topology="1x1x1")
+  return tuple(desc.devices)
+
+
 # -- sharding groups ------------------------------------------------------------
 # A recomputed value must be split over the mesh as its original was, or the
 # partitioner may reduce it in another order (and the plan's results would

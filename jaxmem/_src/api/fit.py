@@ -214,13 +214,14 @@ class Fitted:
     self.backend = resolve_backend(backend, self.target.platform)
     if device is None and self.target.profile is not None:
       self.device = self.target.profile
-    # An accelerator's compiler (XLA:TPU, XLA:GPU) fuses across the values a
-    # single-value remat chain would cut: `auto` tries the planners whose
-    # plans compile best there (whole segments first) in turn. Measured on an
-    # H100 (bench/results/gpu.md): with the CPU's order a ResNet-18 step's
-    # smallest compiled peak was 0.93 of the unplanned one through the `xla`
-    # backend, where JAX's `nothing_saveable` by hand reached 0.72.
-    self.compiles_for_accelerator = self.target.platform in ("tpu", "gpu")
+    # XLA:TPU schedules host copies by its own memory model: plans for it are
+    # compiled with a scheduler memory limit (`Target.memory_limit_options`),
+    # and `auto` tries the planners whose plans compile best there in turn.
+    # (Tried for XLA:GPU too. On an H100 a ResNet-18 step's smallest compiled
+    # peak stayed at 0.93 of the unplanned one; on the `gpu:h100` target it
+    # went from 0.91 to 0.94, and two MLP steps stayed at 0.93 and 0.98 either
+    # way: bench/results/gpu.md.)
+    self.compiles_for_tpu = self.target.platform == "tpu"
     self._cache: dict[Any, _Entry] = {}
     functools.update_wrapper(self, fun)
 
@@ -685,17 +686,17 @@ class Fitted:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""
     if self.planner is not auto:
       return ()
-    if self.compiles_for_accelerator:
+    if self.compiles_for_tpu:
       return (PLANNERS["segments-modules-offload"], greedy)
     return (greedy, segments)
 
   def _plan(self, program: Program, target: int, planner: Planner | None = None) -> Plan:
     """The planner's plan for ``target``, with this step's copy mode."""
     use = self.planner if planner is None else planner
-    if use is auto and self.compiles_for_accelerator:
-      # The estimate models XLA:TPU's (and XLA:GPU's) fusion only in part (which
-      # convolution inputs it stores is not known), so `auto`'s ranking by
-      # simulated time does not carry over; whole segments first, their
+    if use is auto and self.compiles_for_tpu:
+      # The estimate models XLA:TPU's fusion only in part (which convolution
+      # inputs it stores is not known), so `auto`'s ranking by simulated time
+      # does not carry over; whole segments first, their
       # checkpoints staged to host when recomputing them all is not enough
       # (single-value chains cut through XLA:TPU's fusions: a GPT of 2 blocks
       # at batch 64 compiled to 1.50x the unplanned peak under greedy-remat's

@@ -6,7 +6,11 @@ its chip: ``"local"`` is whatever ``jax.devices()`` gives; ``"tpu:v5e"``,
 ``"tpu:v5p"``, ``"tpu:v6e"`` and ``"tpu:v4"`` are TPU chips that libtpu
 (``pip install "jax[tpu]"``) compiles for on a machine without a TPU, through
 ``jax.experimental.topologies``. A suffix picks a slice topology
-(``"tpu:v5e:2x2"``: 4 chips); the budget is per device.
+(``"tpu:v5e:2x2"``: 4 chips); the budget is per device. ``"gpu:h100"`` and
+``"gpu:a100"`` are NVIDIA GPUs that jax's CUDA plugin (``pip install
+"jax[cuda12]"``) compiles for on a machine without a GPU: XLA:GPU's deviceless
+compilation, from the device description a GPU reports
+(:data:`GPU_TARGET_CONFIGS`).
 
 The target decides three things downstream: which compiler's
 :func:`~jaxmem._src.estimate.xla_model.op_fusion_kind` rules the estimate
@@ -31,17 +35,18 @@ from jaxmem._src import _compat
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """A TPU generation libtpu compiles for.
+  """A chip compiled for ahead of time: a TPU generation (libtpu) or an NVIDIA GPU (XLA:GPU).
 
   Attributes:
-    name: the short name in target strings (``v5e``).
-    topology: ``topology_name`` of one chip (``v5e:1x1``).
+    name: the short name in target strings (``v5e``, ``h100``).
+    topology: ``topology_name`` of one chip (``v5e:1x1``; ``1x1x1`` for a GPU).
     bounds: ``chips_per_host_bounds`` of that one-chip topology.
     multi_bounds: ``chips_per_host_bounds`` of multi-chip slices.
     device_kind: what ``jax.Device.device_kind`` says on that chip.
     profile: the :data:`~jaxmem._src.estimate.devices.PROFILES` entry that prices it.
+    platform: ``"tpu"`` or ``"gpu"``.
     on_chip_bytes: on-chip memory XLA sets aside for temporaries, outside the
-      HBM that ``memory_analysis()`` counts (see :data:`ON_CHIP_MIB`).
+      HBM that ``memory_analysis()`` counts (see :data:`ON_CHIP_MIB`; 0 on a GPU).
   """
   name: str
   topology: str
@@ -49,6 +54,7 @@ class Chip:
   multi_bounds: tuple[int, int, int]
   device_kind: str
   profile: str
+  platform: str = "tpu"
 
   @property
   def on_chip_bytes(self) -> int:
@@ -76,15 +82,66 @@ CHIPS: Mapping[str, Chip] = MappingProxyType({
 })
 
 
+#: The device descriptions XLA:GPU compiles against without a GPU (the
+#: ``target_config`` of ``jax.experimental.topologies.get_topology_desc``, a
+#: ``stream_executor.GpuTargetConfigProto`` in text form; on a GPU,
+#: ``jax.lib.xla_client.get_topology_for_devices(jax.devices()).target_config``
+#: prints that GPU's). h100: an H100 SXM 80GB HBM3 (132 SMs, 50 MiB L2,
+#: compute capability 9.0); its compiled peaks were checked against the same
+#: steps compiled on an H100 of the device machine (``bench/results/gpu_aot.md``).
+#: a100: an A100 SXM 40GB from NVIDIA's published figures (108 SMs, 40 MiB L2,
+#: 164 KiB shared memory per SM, compute capability 8.0): not checked against
+#: an A100.
+GPU_TARGET_CONFIGS: Mapping[str, str] = MappingProxyType({
+    "h100": """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84929347584
+  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 7 }
+runtime_version { major: 12 minor: 8 patch: 0 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+""",
+    "a100": """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 167936 threads_per_core_limit: 2048 core_count: 108
+  fpus_per_core: 64 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 1555000000000 l2_cache_size: 41943040
+  clock_rate_ghz: 1.41 device_memory_size: 42505273344
+  shared_memory_per_block_optin: 166912 cuda_compute_capability { major: 8 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 7 }
+runtime_version { major: 12 minor: 8 patch: 0 }
+device_description_str: "NVIDIA A100-SXM4-40GB"
+""",
+})
+
+#: NVIDIA GPUs compiled for here (jax 0.10.2 + jax-cuda12-plugin 0.10.2).
+GPUS: Mapping[str, Chip] = MappingProxyType({
+    "h100": Chip("h100", "1x1x1", (1, 1, 1), (1, 1, 1), "NVIDIA H100 80GB HBM3", "h100-sxm",
+                 "gpu"),
+    "a100": Chip("a100", "1x1x1", (1, 1, 1), (1, 1, 1), "NVIDIA A100-SXM4-40GB", "a100-40g",
+                 "gpu"),
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
   """Where a plan is compiled and verified.
 
   Attributes:
-    name: the canonical target string (``"local"``, ``"tpu:v5e"``, ``"tpu:v5e:2x2"``).
+    name: the canonical target string (``"local"``, ``"tpu:v5e"``, ``"tpu:v5e:2x2"``,
+      ``"gpu:h100"``).
     platform: the XLA backend that compiles for it (``cpu``, ``gpu``, ``tpu``).
-    chip: for TPU targets, the chip; ``None`` for the local devices.
-    topology: the slice topology compiled for (TPU targets).
+    chip: for ahead-of-time targets, the chip; ``None`` for the local devices.
+    topology: the slice topology compiled for (ahead-of-time targets).
   """
   name: str
   platform: str
@@ -102,9 +159,11 @@ class Target:
 
   @property
   def devices(self) -> tuple[Any, ...]:
-    """The target's devices (``jax.devices()`` locally; topology devices for a TPU target)."""
+    """The target's devices (``jax.devices()`` locally; topology devices ahead of time)."""
     if self.chip is None:
       return tuple(jax.devices())
+    if self.chip.platform == "gpu":
+      return _gpu_devices(self.chip.name)
     return _topology_devices(self.chip.name, self.topology or self.chip.topology)
 
   def place(self, args: Any) -> Any:
@@ -193,6 +252,8 @@ def get_target(target: TargetLike) -> Target:
     ('tpu', 'TPU v5 lite', 'tpu-v5e')
     >>> get_target("tpu:v5e:2x2").topology
     'v5e:2x2'
+    >>> get_target("gpu:h100").platform, get_target("gpu:h100").profile
+    ('gpu', 'h100-sxm')
   """
   if target is None or target == "local":
     return _local()
@@ -202,10 +263,13 @@ def get_target(target: TargetLike) -> Target:
     raise TypeError(f"`target` must be a string such as 'tpu:v5e', a `jaxmem.Target` or None, "
                     f"got {type(target).__name__}.")
   parts = target.lower().split(":")
+  if parts[0] == "gpu" and len(parts) == 2 and parts[1] in GPUS:
+    return Target("gpu:" + parts[1], "gpu", GPUS[parts[1]], GPUS[parts[1]].topology)
   if parts[0] != "tpu" or len(parts) not in (2, 3) or parts[1] not in CHIPS:
     raise ValueError(
-        f"`target`={target!r} is not a known target; use 'local' or 'tpu:<chip>' with a chip "
-        f"in {sorted(CHIPS)}, optionally with a slice topology ('tpu:v5e:2x2').")
+        f"`target`={target!r} is not a known target; use 'local', 'tpu:<chip>' with a chip "
+        f"in {sorted(CHIPS)}, optionally with a slice topology ('tpu:v5e:2x2'), or "
+        f"'gpu:<model>' with a model in {sorted(GPUS)}.")
   chip = CHIPS[parts[1]]
   topology = chip.topology if len(parts) == 2 else f"{chip.name}:{parts[2]}"
   return Target("tpu:" + (chip.name if len(parts) == 2 else f"{chip.name}:{parts[2]}"),
@@ -230,4 +294,17 @@ def _topology_devices(chip: str, topology: str) -> tuple[Any, ...]:
         "your jax).") from e
 
 
-__all__ = ["CHIPS", "Chip", "ON_CHIP_MIB", "Target", "TargetLike", "get_target"]
+@functools.cache
+def _gpu_devices(name: str) -> tuple[Any, ...]:
+  """The device of a GPU compiled for without one (XLA:GPU's deviceless compilation)."""
+  try:
+    return _compat.gpu_topology_devices(GPU_TARGET_CONFIGS[name])
+  except Exception as e:  # noqa: BLE001 (the plugin's errors are plain RuntimeErrors)
+    raise RuntimeError(
+        f"cannot compile for the GPU target 'gpu:{name}' here: {e}. Compiling for an NVIDIA "
+        "GPU on a machine without one needs jax's CUDA plugin: `pip install \"jax[cuda12]\"` "
+        "(the plugin that matches your jax).") from e
+
+
+__all__ = ["CHIPS", "Chip", "GPUS", "GPU_TARGET_CONFIGS", "ON_CHIP_MIB", "Target", "TargetLike",
+           "get_target"]
