@@ -277,11 +277,13 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 def excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
   return "\n".join([
-      f"`python bench/gpu_bench.py` on {meta['device']} (jax {meta['jax']}; full table "
-      "`bench/results/gpu.md`):",
+      f"`python bench/gpu_bench.py` on {meta['device']} (jax {meta['jax']}, commit "
+      f"{meta['commit']}; full table and notes `bench/results/gpu.md`):",
       "",
       table([r for r in rows if r["method"] == "jit" or r["method"].startswith(("fit", "xla fit", "ffi fit"))
              or r["method"] == "policy:nothing_saveable"]),
+      "",
+      *(f"- {n}" for n in meta.get("notes", [])[1:4]),
   ])
 
 

@@ -31,7 +31,8 @@ def test_get_target_parses_chips_and_topologies():
   with pytest.raises(ValueError, match="'tpu:<chip>'"):
     get_target("tpu:v7x")
   with pytest.raises(ValueError, match="not a known target"):
-    get_target("gpu:h100")
+    get_target("gpu:rtx9999")
+  assert get_target("GPU:h100").name == "gpu:h100"   # parsed without the CUDA plugin
   with pytest.raises(TypeError, match="`target`"):
     get_target(5)  # type: ignore[arg-type]
 

@@ -61,6 +61,11 @@ def resolve_backend(backend: BackendChoice | str, platform: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"`backend`={backend!r} is not a known backend; use 'auto' or one of "
                      f"{sorted(BACKENDS)}.")
+  if backend == "ffi" and platform == "gpu" and not extension.CUDA_STATUS.startswith("loaded"):
+    raise ValueError("`backend='ffi'` cannot express a plan for a GPU here: jaxmem's CUDA "
+                     f"handlers are not registered ({extension.CUDA_STATUS}). Use "
+                     "`backend='xla'` or 'auto' (on a GPU machine, jax's CUDA plugin loads "
+                     "them).")
   if backend == "ffi" and platform == "tpu":
     raise ValueError("`backend='ffi'` cannot express a plan for a TPU: jaxmem's FFI ops have "
                      "no TPU implementation (XLA:TPU runs no custom calls of ours). Use "

@@ -1,0 +1,62 @@
+"""GPU targets compiled ahead of time: XLA:GPU's own compiled program, on a machine without a GPU.
+
+``target="gpu:h100"`` (or ``"gpu:a100"``) compiles through jax's CUDA plugin from
+the GPU's device description (XLA:GPU's deviceless compilation), so plans are
+verified on the GPU compiler's program with no GPU here. The plugin is not in the
+test extras (its wheels are gigabytes); these tests run where it is installed::
+
+    pip install "jax[cuda12]"      # the CUDA plugin matching jax; no GPU needed
+    pytest -q tests/verify/test_gpu_targets.py
+
+How close the ``gpu:h100`` target's peaks are to an H100's: ``bench/results/gpu_aot.md``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxmem
+from jaxmem._src.estimate.targets import GPUS, get_target
+from jaxmem._src.verify.compiled import compiled_memory
+
+pytest.importorskip("jax_cuda12_plugin",
+                    reason="GPU targets need jax's CUDA plugin: pip install 'jax[cuda12]'")
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_every_gpu_compiles_here(name):
+  t = get_target(f"gpu:{name}")
+  assert (t.platform, t.profile) == ("gpu", GPUS[name].profile)
+  assert t.devices[0].device_kind == GPUS[name].device_kind
+  x = t.place((jax.ShapeDtypeStruct((1024, 1024), jnp.float32),))
+  compiled = jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(*x).compile()
+  assert compiled_memory(compiled).argument_bytes == 4 * 1024 * 1024
+
+
+def test_fit_for_a_gpu_target_is_verified_on_xla_gpu_and_runs_here():
+  import transformer  # noqa: PLC0415 (examples/, on sys.path from conftest)
+  step, args = transformer.build(batch_size=32, seq_len=256, dim=128, heads=4, layers=2)
+  fitted = jaxmem.fit(0.5, target="gpu:h100")(step)
+  try:
+    res = fitted.fit_result(*args)
+  except jaxmem.BudgetError as e:
+    # The smallest peak it reports is reached when asked for.
+    assert e.smallest_bytes > e.budget_bytes
+    fitted = jaxmem.fit(e.smallest_bytes, target="gpu:h100")(step)
+    res = fitted.fit_result(*args)
+  assert (res.target, res.platform, res.backend) == ("gpu:h100", "gpu", "xla")
+  assert res.peak_bytes <= res.budget_bytes
+  compiled = fitted.lower(*args).compile()
+  assert compiled_memory(compiled).peak_bytes == res.peak_bytes
+  # The same rewritten program, compiled for this machine's CPU: jit's results.
+  got, want = fitted(*args), jax.jit(step)(*args)
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_ffi_backend_is_refused_for_a_gpu_compiled_ahead_of_time():
+  with pytest.raises(ValueError, match="backend='xla'"):
+    jaxmem.fit(0.5, target="gpu:h100", backend="ffi")
