@@ -50,7 +50,8 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                  help="compile with jax.jit and print the estimated vs the compiled peak")
   p.add_argument("--target", dest="device_target", default=None, metavar="T",
                  help="the device the estimate and --compare are for: 'local' (default) or a "
-                      "TPU compiled ahead of time here, e.g. 'tpu:v5e' (needs jax[tpu])")
+                      "TPU compiled ahead of time here, e.g. 'tpu:v5e' (needs jax[tpu]), or a "
+                      "GPU, 'gpu:h100' or 'gpu:a100' (needs jax[cuda12]; no GPU)")
   p.add_argument("--json", metavar="F", help="write prog.to_json() (schema jaxmem.program/1)")
   p.add_argument("--html", metavar="F", help="write an HTML report")
   p.add_argument("--png", metavar="F", help="write a memory-over-time plot")

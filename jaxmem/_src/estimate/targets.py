@@ -87,40 +87,41 @@ CHIPS: Mapping[str, Chip] = MappingProxyType({
 #: ``stream_executor.GpuTargetConfigProto`` in text form; on a GPU,
 #: ``jax.lib.xla_client.get_topology_for_devices(jax.devices()).target_config``
 #: prints that GPU's). h100: an H100 SXM 80GB HBM3 (132 SMs, 50 MiB L2,
-#: compute capability 9.0); its compiled peaks were checked against the same
-#: steps compiled on an H100 of the device machine (``bench/results/gpu_aot.md``).
+#: compute capability 9.0), the description published in jax-ml/jax#28376; its
+#: compiled peaks were checked against the same steps compiled on an H100 of
+#: the device machine (``bench/results/gpu_aot.md``: 7 of 12 within 2.5%).
 #: a100: an A100 SXM 40GB from NVIDIA's published figures (108 SMs, 40 MiB L2,
 #: 164 KiB shared memory per SM, compute capability 8.0): not checked against
 #: an A100.
+def _gpu_target_config(name: str, *, sms: int, fpus_per_sm: int, shared_per_sm: int,
+                       shared_optin: int, l2: int, bandwidth: float, clock_ghz: float,
+                       memory: int, major: int) -> str:
+  """A ``GpuTargetConfigProto`` (text) for an NVIDIA GPU from its data-sheet figures."""
+  return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: {shared_per_sm} threads_per_core_limit: 2048 core_count: {sms}
+  fpus_per_core: {fpus_per_sm} block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: {int(bandwidth)} l2_cache_size: {l2}
+  clock_rate_ghz: {clock_ghz} device_memory_size: {memory}
+  shared_memory_per_block_optin: {shared_optin} cuda_compute_capability {{ major: {major} }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 7 }}
+runtime_version {{ major: 12 minor: 8 patch: 0 }}
+device_description_str: "{name}"
+"""
+
+
 GPU_TARGET_CONFIGS: Mapping[str, str] = MappingProxyType({
-    "h100": """gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
-  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
-  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
-  clock_rate_ghz: 1.98 device_memory_size: 84929347584
-  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
-  registers_per_core_limit: 65536 registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 7 }
-runtime_version { major: 12 minor: 8 patch: 0 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-""",
-    "a100": """gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 167936 threads_per_core_limit: 2048 core_count: 108
-  fpus_per_core: 64 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
-  block_dim_limit_z: 65535 memory_bandwidth: 1555000000000 l2_cache_size: 41943040
-  clock_rate_ghz: 1.41 device_memory_size: 42505273344
-  shared_memory_per_block_optin: 166912 cuda_compute_capability { major: 8 }
-  registers_per_core_limit: 65536 registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 7 }
-runtime_version { major: 12 minor: 8 patch: 0 }
-device_description_str: "NVIDIA A100-SXM4-40GB"
-""",
+    "h100": _gpu_target_config("NVIDIA H100 80GB HBM3", sms=132, fpus_per_sm=128,
+                               shared_per_sm=233472, shared_optin=232448, l2=52428800,
+                               bandwidth=3.35232e12, clock_ghz=1.98, memory=84929347584,
+                               major=9),
+    "a100": _gpu_target_config("NVIDIA A100-SXM4-40GB", sms=108, fpus_per_sm=64,
+                               shared_per_sm=167936, shared_optin=166912, l2=41943040,
+                               bandwidth=1.555e12, clock_ghz=1.41, memory=42505273344,
+                               major=8),
 })
 
 #: NVIDIA GPUs compiled for here (jax 0.10.2 + jax-cuda12-plugin 0.10.2).
