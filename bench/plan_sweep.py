@@ -39,7 +39,7 @@ from jaxmem._src.estimate.targets import get_target  # noqa: E402
 from jaxmem._src.lower.backend import jit_plan, resolve_backend  # noqa: E402
 
 MIB = 2 ** 20
-FRACTIONS = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+FRACTIONS = "0.3,0.4,0.5,0.55,0.6,0.65,0.7,0.75,0.8,0.85,0.9"
 
 
 def main() -> None:
@@ -48,6 +48,8 @@ def main() -> None:
   p.add_argument("--model", default="resnet18", choices=sorted(gpu_bench.MODELS))
   p.add_argument("--target", default="gpu:h100")
   p.add_argument("--planners", default="segments,greedy,auto")
+  p.add_argument("--fractions", default=FRACTIONS,
+                 help="planner targets, as fractions of the unplanned estimate")
   p.add_argument("--out", default=str(ROOT / "bench" / "results"))
   a = p.parse_args()
   target = get_target(a.target)
@@ -57,7 +59,7 @@ def main() -> None:
   base = jaxmem.compiled_memory(jax.jit(step).lower(*placed).compile()).peak_bytes
   rows = []
   for planner in a.planners.split(","):
-    for frac in FRACTIONS:
+    for frac in (float(f) for f in a.fractions.split(",")):
       t = time.perf_counter()
       plan = jaxmem.plan(step, *args, budget=frac, planner=planner, target=a.target)
       peak = jaxmem.compiled_memory(
@@ -72,7 +74,8 @@ def main() -> None:
               backend=backend, unplanned=base, jax=jax.__version__, commit=commit(),
               date=time.strftime("%Y-%m-%d %H:%M"))
   lines = [f"# Compiled peak across planner targets: {a.model} on `{a.target}`", "",
-           f"`python bench/plan_sweep.py --model {a.model} --target {a.target}` ({meta['date']}, "
+           f"`python bench/plan_sweep.py --model {a.model} --target {a.target} --planners "
+           f"{a.planners} --fractions {a.fractions}` ({meta['date']}, "
            f"commit {meta['commit']}, jax {meta['jax']}; {meta['size']}; the `{backend}` "
            f"backend). Unplanned compiled peak {base / MIB:.1f} MiB. Target: a fraction of the "
            "unplanned *estimate* (`jaxmem.plan(..., budget=f)`).", "",
