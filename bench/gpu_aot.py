@@ -81,11 +81,10 @@ def run(names: list[str], fit: bool) -> list[dict[str, Any]]:
   return rows
 
 
-def device_rows() -> dict[tuple[str, str], dict[str, Any]]:
+def device_run() -> dict[str, Any]:
+  """``bench/results/gpu.json``: the H100's rows and meta (empty when absent)."""
   path = ROOT / "bench" / "results" / "gpu.json"
-  if not path.exists():
-    return {}
-  return {(r["model"], r["method"]): r for r in json.loads(path.read_text())["rows"]}
+  return json.loads(path.read_text()) if path.exists() else {"meta": {}, "rows": []}
 
 
 def cell(r: dict[str, Any] | None) -> str:
@@ -99,7 +98,7 @@ def cell(r: dict[str, Any] | None) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-  dev = device_rows()
+  dev = {(r["model"], r["method"]): r for r in device_run()["rows"]}
   lines = [
       "# The `gpu:h100` target against an H100",
       "",
@@ -137,8 +136,7 @@ def main() -> None:
   names = [m.strip() for m in a.models.split(",") if m.strip()]
   started = commit()
   rows = run(names, not a.no_fit)
-  dev = json.loads((ROOT / "bench/results/gpu.json").read_text())["meta"] if (
-      ROOT / "bench/results/gpu.json").exists() else {}
+  dev = device_run()["meta"]
   meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), commit=started, jax=jax.__version__,
               plugin=importlib.metadata.version("jax-cuda12-plugin"),
               device_jax=dev.get("jax", "?"), models=names, wall_s=time.perf_counter() - T0)

@@ -154,7 +154,7 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any) 
       if base:
         r["peak_fraction"] = r["peak"] / base["peak"]
         r["time_ratio"] = r["step_s"] / base["step_s"]
-      r["status"] = "ok" if r.get("status", "ok") == "ok" else r["status"]
+      r["status"] = "ok"
     except jaxmem.BudgetError as e:
       r.update(status="BudgetError", budget=e.budget_bytes, smallest=e.smallest_bytes,
                error=str(e).splitlines()[0])

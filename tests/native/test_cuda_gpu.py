@@ -36,9 +36,9 @@ from jaxmem import native
 from jaxmem._src.lower.backend import jit_plan
 from jaxmem._src.native.extension import native_module
 
+from test_cuda_handlers import HANDLERS   # this folder's sibling test module
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HANDLERS = {"fence", "offload", "fetch", "offload_start", "offload_done", "fetch_start",
-            "fetch_done", "offload_planned", "offload_start_planned"}
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu",
                                 reason="needs a GPU (jax.default_backend() == 'gpu')")

@@ -422,21 +422,20 @@ class Fitted:
             return relax(last, options, planner)
           if best is None or last.memory.peak_bytes < best.memory.peak_bytes:
             best, best_target = last, target
-          if (previous is not None and last.memory.peak_bytes >= previous.memory.peak_bytes
-              and bisections_left > 0 and abs(best_target - target) > budget // 32):
-            # The compiled peak does not follow the planner's target: the
-            # tighter target compiled higher. A target between it and the
-            # best one so far may compile lower than both (ResNet-18 for
-            # `gpu:h100`, segments: targets of 0.6, 0.65 and 0.75 of the
-            # estimate compiled to 1.07, 0.78 and 0.86 of the unplanned peak;
-            # bench/results/plan_sweep_resnet18_gpu_h100.md). These rounds
-            # come on top of `max_rounds`.
-            bisections_left -= 1
-            rounds_left += 1
-            target = (best_target + target) // 2
-            last = best
-            continue
           if previous is not None and last.memory.peak_bytes >= previous.memory.peak_bytes:
+            if bisections_left > 0 and abs(best_target - target) > budget // 32:
+              # The compiled peak does not follow the planner's target: a
+              # target between this one and the best so far may compile
+              # lower than both (ResNet-18 for `gpu:h100`, segments: targets
+              # of 0.6, 0.65 and 0.75 of the estimate compiled to 1.07, 0.78
+              # and 0.86 of the unplanned peak;
+              # bench/results/plan_sweep_resnet18_gpu_h100.md). These rounds
+              # come on top of `max_rounds`.
+              bisections_left -= 1
+              rounds_left += 1
+              target = (best_target + target) // 2
+              last = best
+              continue
             # A tighter estimate did not lower the compiled peak: what XLA holds
             # at its peak is out of this planner's reach (measured: VGG-16 at
             # batch 35 compiled to 4.04 MiB in every one of 13 rounds), unless

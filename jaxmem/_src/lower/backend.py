@@ -52,16 +52,17 @@ def resolve_backend(backend: BackendChoice | str, platform: str) -> str:
     >>> resolve_backend("auto", "cpu"), resolve_backend("auto", "tpu")
     ('ffi', 'xla')
   """
+  cuda_handlers = extension.CUDA_STATUS.startswith("loaded")
   if backend == "auto":
     if platform == "cpu":
       return "ffi"
-    if platform == "gpu" and extension.CUDA_STATUS.startswith("loaded"):
+    if platform == "gpu" and cuda_handlers:
       return "ffi"
     return "xla"
   if backend not in BACKENDS:
     raise ValueError(f"`backend`={backend!r} is not a known backend; use 'auto' or one of "
                      f"{sorted(BACKENDS)}.")
-  if backend == "ffi" and platform == "gpu" and not extension.CUDA_STATUS.startswith("loaded"):
+  if backend == "ffi" and platform == "gpu" and not cuda_handlers:
     raise ValueError("`backend='ffi'` cannot express a plan for a GPU here: jaxmem's CUDA "
                      f"handlers are not registered ({extension.CUDA_STATUS}). Use "
                      "`backend='xla'` or 'auto' (on a GPU machine, jax's CUDA plugin loads "
