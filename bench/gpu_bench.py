@@ -66,6 +66,10 @@ class Model:
 
 
 MODELS = {
+    # examples/mlp.py at its defaults is the step `python -m jaxmem demo` fits.
+    "demo": Model("mlp", dict(batch_size=8192, width=512, depth=8),
+                  "MLP 8x512, batch 8192, adam (the demo's step)",
+                  dict(batch_size=512, width=128, depth=4)),
     "mlp": Model("mlp", dict(batch_size=32768, width=1024, depth=8),
                  "MLP 8x1024, batch 32768, adam", dict(batch_size=512, width=128, depth=4)),
     "gpt": Model("transformer", dict(batch_size=128, seq_len=256, dim=128, heads=4, layers=4),

@@ -51,10 +51,15 @@ def test_fit_for_a_gpu_target_is_verified_on_xla_gpu_and_runs_here():
   assert res.peak_bytes <= res.budget_bytes
   compiled = fitted.lower(*args).compile()
   assert compiled_memory(compiled).peak_bytes == res.peak_bytes
-  # The same rewritten program, compiled for this machine's CPU: jit's results.
+  # The same rewritten program, compiled for this machine's CPU: jit's results
+  # up to rounding. Not bit for bit: the plan recomputes attention and MLP
+  # values, which XLA:CPU fuses differently from the unplanned step (the same
+  # plan through the `ffi` backend differs in 49 of 110 leaves too); adam
+  # turns the rounding of a gradient that is zero in exact arithmetic (the
+  # attention key bias) into an update of up to its learning rate, 1e-3.
   got, want = fitted(*args), jax.jit(step)(*args)
   for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-4)
 
 
 def test_ffi_backend_is_refused_for_a_gpu_compiled_ahead_of_time():
@@ -71,3 +76,32 @@ def test_a_tighter_target_that_compiles_higher_is_bisected():
   step, args = resnet.build(batch_size=128, depth=18, image_size=112, abstract=True)
   res = jaxmem.fit(0.75, target="gpu:h100")(step).fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes
+
+
+def test_the_estimate_models_xla_gpu_gemm_fusions():
+  # A Dense + ReLU stack: XLA:GPU stores each dot's output and recomputes the
+  # bias add and ReLU inside the next layer's gemm fusion (and in the backward
+  # pass), as XLA:TPU does. Counted as stored, the estimate of the demo's step
+  # was +61.5% (bench/results/gpu_h100_estimate.md).
+  from jaxmem._src.cli.demo import build_mlp  # noqa: PLC0415
+  step, args = build_mlp(4096)
+  target = get_target("gpu:h100")
+  estimate = jaxmem.analyze(step, *args, target=target).peak_bytes
+  compiled = compiled_memory(jax.jit(step).lower(*target.place(tuple(args))).compile())
+  assert abs(estimate / compiled.peak_bytes - 1) < 0.15
+
+
+def test_a_step_whose_host_copies_do_not_pay_on_xla_gpu_gets_a_recompute_only_plan():
+  # XLA:GPU schedules the weight gradients that read fetched activations at
+  # the end of the step, so the demo's offload plans compile to 0.98-1.6x of
+  # its unplanned peak (docs/design.md, GPU findings); `fit` then tries
+  # recomputation only, which reaches 0.73 of it.
+  from jaxmem._src.cli.demo import build_mlp  # noqa: PLC0415
+  step, args = build_mlp(8192)
+  res = jaxmem.fit(0.8, target="gpu:h100")(step).fit_result(*args)
+  assert res.peak_bytes <= res.budget_bytes
+  with pytest.raises(jaxmem.BudgetError) as err:
+    jaxmem.fit(0.5, target="gpu:h100")(step).fit_result(*args)
+  smallest = err.value.smallest_bytes
+  assert smallest <= 0.8 * res.unplanned_peak_bytes   # 0.98 before the recompute-only round
+  assert jaxmem.fit(int(smallest), target="gpu:h100")(step).fit_result(*args).peak_bytes <= smallest

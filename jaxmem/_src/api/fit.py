@@ -706,6 +706,11 @@ class Fitted:
       return ()
     if self.compiles_for_tpu:
       return (PLANNERS["segments-modules-offload"], greedy)
+    if self.backend == "xla" and self.target.platform == "gpu":
+      # XLA:GPU runs the readers of fetched values late (docs/design.md,
+      # "Two XLA:GPU behaviours"): an MLP's offload plans compile above its
+      # unplanned peak, so recomputation alone is tried last.
+      return (greedy, segments, PLANNERS["segments-remat"])
     return (greedy, segments)
 
   def _plan(self, program: Program, target: int, planner: Planner | None = None) -> Plan:
