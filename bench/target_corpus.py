@@ -20,7 +20,10 @@ steps were not looked at while jaxmem's GPU rules were written.
 
 Run: ``python bench/target_corpus.py --target gpu:h100 [--set heldout] [--only S]``;
 writes ``bench/results/corpus_<target>.{json,md}`` (``heldout_<target>`` for
-``--set heldout``).
+``--set heldout``); the JSON after every step, so a run stopped early keeps
+its rows (``--render`` writes the table from it). About 1-2 minutes a step
+on 2 CPUs (each ``fit`` compiles several plans with XLA:GPU, and a
+``BudgetError``'s figure is fitted again).
 """
 
 from __future__ import annotations
@@ -104,18 +107,23 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
   errors = [r for r in rows if r.get("fit") == "BudgetError"]
   honest = [r for r in errors if r.get("smallest_reached")]
   within = sum(abs(r["estimate_error"]) <= 0.15 for r in est)
+  total = meta.get("entries", len(rows))
+  stopped = (f" **Stopped after {len(rows)} of {total} steps** (the run's time ran out; "
+             "the steps are measured in the corpus's order)." if len(rows) < total else "")
   lines = [
       f"# The corpus on `{meta['target']}` ({meta['set']} set)",
       "",
       f"`{meta['command']}` ({meta['date']}, commit {meta['commit']}, jax {meta['jax']}; "
-      "compiled ahead of time on a CPU-only machine; the `xla` backend).",
+      f"compiled ahead of time on a CPU-only machine; the `xla` backend).{stopped}",
       "",
       f"* estimate within ±15% of the target's compiled peak: **{within} of {len(est)}** "
       f"(median error {statistics.median(r['estimate_error'] for r in est) * 100:+.1f}%)"
       if est else "* no estimate",
       f"* `fit({FRACTION})` fits **{len(fits)} of {len(rows)}**; "
       f"`BudgetError` on {len(errors)}, whose smallest reachable peak was reached when "
-      f"asked for on **{len(honest)} of {len(errors)}**",
+      f"asked for on **{len(honest)} of {len(errors)}**"
+      + (f"; the target's compiler failed on {len(rows) - len(fits) - len(errors)} "
+         "(the error is in the table)" if len(rows) > len(fits) + len(errors) else ""),
       "",
       "| step | unplanned | estimate (error) | fit(0.5) | planner | time |",
       "|---|---|---|---|---|---|",
@@ -140,12 +148,23 @@ def main() -> None:
   p.add_argument("--target", default="gpu:h100")
   p.add_argument("--set", choices=("main", "heldout"), default="main")
   p.add_argument("--only", default="", help="measure the entries whose name contains this")
+  p.add_argument("--render", action="store_true", help="the table again from the JSON")
   p.add_argument("--out", default=str(HERE / "results"))
   a = p.parse_args()
+  stem = ("corpus" if a.set == "main" else "heldout") + "_" + a.target.replace(":", "_")
+  out = pathlib.Path(a.out)
+  if a.render:
+    data = json.loads((out / f"{stem}.json").read_text())
+    (out / f"{stem}.md").write_text(render(data["meta"], data["rows"]))
+    return
   target = jaxmem.get_target(a.target)
   entries = all_entries(FAMILIES if a.set == "main" else HELDOUT)
   entries = [e for e in entries if a.only in e.name]
-  rows = []
+  command = f"python bench/target_corpus.py --target {a.target}" + (
+      f" --set {a.set}" if a.set != "main" else "") + (f" --only {a.only}" if a.only else "")
+  meta = dict(target=a.target, set=a.set, command=command, commit=commit(),
+              jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"), entries=len(entries))
+  rows: list[dict[str, Any]] = []
   for k, entry in enumerate(entries):
     log(f"{k + 1}/{len(entries)} {entry.name}")
     try:
@@ -155,13 +174,8 @@ def main() -> None:
       rows.append(dict(name=entry.name, family=entry.family, unplanned_mib=0.0, total_s=0.0,
                        fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
     log(f"   {json.dumps(rows[-1])}")
-  command = f"python bench/target_corpus.py --target {a.target}" + (
-      f" --set {a.set}" if a.set != "main" else "") + (f" --only {a.only}" if a.only else "")
-  meta = dict(target=a.target, set=a.set, command=command, commit=commit(),
-              jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"))
-  stem = ("corpus" if a.set == "main" else "heldout") + "_" + a.target.replace(":", "_")
-  out = pathlib.Path(a.out)
-  (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    # Written after every step: a run stopped early keeps what it measured.
+    (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
   text = render(meta, rows)
   (out / f"{stem}.md").write_text(text)
   print(text)
