@@ -887,7 +887,11 @@ def fit(budget: budget_lib.Budget, *, planner: str | Planner | PlainPlanner = "a
       Per device; covers arguments, outputs and temporaries.
     planner: planner name (``"auto"``, ``"greedy"``) or a callable
       ``planner(program, budget_bytes, device) -> Plan`` (its plan's copies
-      are then scheduled as ``copies`` and ``window`` say).
+      are then scheduled as ``copies`` and ``window`` say). When ``auto``'s
+      plans overshoot once compiled, single planners get rounds of their
+      own: ``greedy`` and ``segments``, then on a GPU with the ``xla``
+      backend recomputation alone (``segments-remat``); on TPU targets
+      segments with their checkpoints staged to host first.
     device: device profile used to price remat against offload.
     static_argnums, donate_argnums: as in ``jax.jit``.
     max_rounds: plan-compile rounds before giving up.
