@@ -100,6 +100,16 @@ def _compare(got: Any, want: Any) -> str:
           f"{differ} of {len(got)} leaves differ, max rel diff {worst:.1e}")
 
 
+def smallest_reached(step: Any, args: Any, smallest: int, **fit_kwargs: Any) -> dict[str, Any]:
+  """Whether a ``BudgetError``'s smallest reachable peak is honest: ``fit`` with it succeeds."""
+  try:
+    again = jaxmem.fit(int(smallest), **fit_kwargs)(step).fit_result(*args)
+    return dict(smallest_reached=again.peak_bytes <= smallest)
+  except jaxmem.BudgetError as e:
+    return dict(smallest_reached=False,
+                smallest_reached_note=f"BudgetError again: {e.smallest_bytes / MiB:.2f} MiB")
+
+
 def measure(entry: Any) -> dict[str, Any]:
   row: dict[str, Any] = dict(name=entry.name, family=entry.family)
   t0 = time.perf_counter()
@@ -131,12 +141,7 @@ def measure(entry: Any) -> dict[str, Any]:
                smallest_fraction=round(smallest / base, 3), smallest_above_unplanned=smallest > base)
     row["fit_s"] = round(time.perf_counter() - t1, 1)
     t2 = time.perf_counter()
-    try:   # honest: asking for the figure it reported succeeds
-      again = jaxmem.fit(int(smallest), donate_argnums=donate)(step).fit_result(*args)
-      row["smallest_reached"] = again.peak_bytes <= smallest
-    except jaxmem.BudgetError as e2:
-      row["smallest_reached"] = False
-      row["smallest_reached_note"] = f"BudgetError again: {e2.smallest_bytes / MiB:.2f} MiB"
+    row.update(smallest_reached(step, args, smallest, donate_argnums=donate))
     row["recheck_s"] = round(time.perf_counter() - t2, 1)
   except Exception as e:  # noqa: BLE001
     row.update(fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")

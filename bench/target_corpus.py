@@ -50,6 +50,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit  # noqa: E402
 from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
+from corpus_bench import smallest_reached  # noqa: E402
 
 MiB = 2 ** 20
 FRACTION = 0.5
@@ -87,12 +88,7 @@ def measure(entry: Any, target: Any) -> dict[str, Any]:
     row.update(fit="BudgetError", smallest_mib=round(smallest / MiB, 2),
                smallest_fraction=round(smallest / base, 3))
     row["fit_s"] = round(time.perf_counter() - t1, 1)
-    try:   # honest: asking for the figure it reported succeeds
-      again = jaxmem.fit(int(smallest), donate_argnums=donate, target=target)(step)
-      row["smallest_reached"] = again.fit_result(*args).peak_bytes <= smallest
-    except jaxmem.BudgetError as e2:
-      row["smallest_reached"] = False
-      row["smallest_reached_note"] = f"BudgetError again: {e2.smallest_bytes / MiB:.2f} MiB"
+    row.update(smallest_reached(step, args, smallest, donate_argnums=donate, target=target))
   except Exception as e:  # noqa: BLE001
     row.update(fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
     traceback.print_exc()

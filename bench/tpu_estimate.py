@@ -65,8 +65,18 @@ def example(module: str, **kw):
   return build
 
 
-#: What each non-TPU target's model is, for the results' header.
+#: What each platform's model is, for the results' header.
 MODEL_NOTES = {
+    "tpu": ("The TPU model: XLA:CPU's fusion with its "
+            "CPU-only rules off; XLA:TPU's dot fusions (an elementwise chain read by a dot is "
+            "recomputed inside each, not stored: `jaxmem/_src/estimate/xla_model.py`, "
+            "`operand_fusions`); its tiled layouts "
+            "(`jaxmem/_src/ir/tiling.py`); and up to the chip's on-chip memory of temporaries no "
+            "larger than it kept off the HBM peak (`jaxmem/_src/estimate/targets.py`, "
+            "`ON_CHIP_MIB`). Not modelled: which convolution operands XLA:TPU recomputes the same "
+            "way (counted as stored: over-estimates convolution nets), the softmax's `exp` "
+            "duplicated into its row sum, bfloat16 copies of float32 dot and convolution operands "
+            "(`docs/design.md`, Targets and backends)."),
     "gpu": ("The GPU model: XLA:CPU's fusion with its CPU-only rules off, and XLA:GPU's "
             "gemm fusions (an elementwise chain read by a dot is recomputed inside each, "
             "as on a TPU: `jaxmem/_src/estimate/xla_model.py`, `operand_fusions`). No "
@@ -123,19 +133,6 @@ def _compiler_version(target) -> str:
   return "?"
 
 
-_TPU_MODEL = (
-    "The TPU model: XLA:CPU's fusion with its "
-    "CPU-only rules off; XLA:TPU's dot fusions (an elementwise chain read by a dot is "
-    "recomputed inside each, not stored: `jaxmem/_src/estimate/xla_model.py`, "
-    "`operand_fusions`); its tiled layouts "
-    "(`jaxmem/_src/ir/tiling.py`); and up to the chip's on-chip memory of temporaries no "
-    "larger than it kept off the HBM peak (`jaxmem/_src/estimate/targets.py`, "
-    "`ON_CHIP_MIB`). Not modelled: which convolution operands XLA:TPU recomputes the same "
-    "way (counted as stored: over-estimates convolution nets), the softmax's `exp` "
-    "duplicated into its row sum, bfloat16 copies of float32 dot and convolution operands "
-    "(`docs/design.md`, Targets and backends).")
-
-
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--target", default="tpu:v5e", help="an estimate target (tpu:v5e, gpu:h100...)")
@@ -168,8 +165,7 @@ def main() -> None:
     return f"{sum(abs(r['error']) <= 0.15 for r in rs)} of {len(rs)}"
   seen = [r for r in rows if not r["held_out"]]
   held = [r for r in rows if r["held_out"]]
-  model_note = _TPU_MODEL if target.platform == "tpu" else (
-      MODEL_NOTES.get(target.platform, ""))
+  model_note = MODEL_NOTES.get(target.platform, "")
   lines = [
       f"# jaxmem's estimate for a {target.name} target vs {compiler}'s compiled peak",
       "",
