@@ -7,6 +7,8 @@
 * ``autoswap`` -- AutoSwap (Zhang et al.) §IV, Bayesian optimisation of the
   priority scores;
 * ``window`` -- window-based out-of-core scheduling (Hayakawa et al.) §3;
+* ``dqn`` -- the DQN paper's deep Q-network over the memory-operation graph
+  (§4, Algorithm 1; needs flax and optax);
 * ``optimal`` -- remat + offload as a MILP (scipy/HiGHS);
 * ``segments`` -- recompute whole forward segments from checkpoints (Chen et
   al. 2016);
@@ -34,6 +36,7 @@ from types import MappingProxyType
 
 from jaxmem._src.planners.auto import auto
 from jaxmem._src.planners.autoswap import autoswap
+from jaxmem._src.planners.dqn import dqn
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import optimal
@@ -50,6 +53,7 @@ PLANNERS: Mapping[str, Planner] = MappingProxyType({
     "layrub": layrub,
     "autoswap": autoswap,
     "window": window_planner,
+    "dqn": dqn,
     "optimal": optimal,
     "segments": segments,
     "greedy-remat": functools.partial(greedy, allow_offload=False),
