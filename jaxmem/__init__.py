@@ -29,6 +29,7 @@ from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import Schedule
 from jaxmem._src.plan.simulate import Simulation, simulate
+from jaxmem._src.planners.dqn import DqnDiagnostics, DqnWeights, train_dqn
 from jaxmem._src.planners.protocol import Planner
 from jaxmem._src.lower.backend import BACKENDS
 from jaxmem._src.planners.registry import PLANNERS, get_planner
@@ -36,11 +37,11 @@ from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 
 __all__ = [
     "Action", "ArenaStats", "BACKENDS", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
-    "Decision", "DeviceProfile", "FitResult", "Fitted", "HostArena", "JaxmemError",
+    "Decision", "DeviceProfile", "DqnDiagnostics", "DqnWeights", "FitResult", "Fitted", "HostArena", "JaxmemError",
     "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "PolicyExport", "Profile", "Program", "Role",
     "Schedule", "Simulation", "Target", "VarInfo", "analyze", "compare", "compiled_memory",
     "device_profile", "dsa", "fit", "format_bytes", "get_planner", "get_target", "max_batch", "native",
-    "parse_budget", "plan", "policy", "residual_actions", "simulate",
+    "parse_budget", "plan", "policy", "residual_actions", "simulate", "train_dqn",
 ]
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxmem
+from jaxmem._src.estimate.devices import device_profile
 from jaxmem._src.plan.decisions import Action
 from jaxmem._src.planners import common
 from jaxmem._src.planners import dqn as dqn_mod
@@ -68,7 +69,7 @@ def test_graph_features_nodes_and_edges(small):
   assert {a for a, _ in pairs} == set(range(1, n))          # every operation node is connected
 
 
-def test_environment_adds_each_actions_estimated_effect(small):
+def test_environment_is_the_simulator_one_action_at_a_time(small):
   prog, _, _ = small
   g = build_graph(prog, DEVICE)
   budget = int(0.7 * prog.peak_bytes)
@@ -80,16 +81,35 @@ def test_environment_adds_each_actions_estimated_effect(small):
   remat = [v for v in valid[1:]
            if g.candidates[g.action_of_node[v]].decision.action is Action.REMAT]
   assert remat
-  d = g.candidates[g.action_of_node[remat[0]]].decision
+  cand = g.candidates[g.action_of_node[remat[0]]]
+  before = jaxmem.simulate(env.evaluate(())[2], DEVICE).step_time_s
   reward, _ = env.step(int(remat[0]))
-  # §4.7: removing a value costs its recomputation time (a fraction of the step).
-  assert reward == pytest.approx(-d.cost_s / g.step_seconds) or reward < -1.0
-  one, _ = common.position_profile(prog, (d,), common.pins(prog))
-  np.testing.assert_allclose(env.state.live, one)
+  plan = common.finish(prog, cand.decisions, budget, "one", copies="async",
+                       window=common.device_window(DEVICE))
+  after = jaxmem.simulate(plan, DEVICE).step_time_s
+  # §4.7: the reward is the step time the action added, as a fraction of the step.
+  assert reward == pytest.approx(-(after - before) / g.step_seconds) or reward < -1.0
+  # The live bytes are the plan's estimate, as every planner's.
+  assert env.state.live.max() == plan.estimated_peak_bytes
   # An idle stretch takes one action: its remove node is no longer valid.
-  assert remat[0] not in env.valid_nodes()
+  assert remat[0] not in env.valid_nodes() and remat[0] in env.taken_nodes()
   with pytest.raises(ValueError, match="not a valid action"):
     env.step(int(remat[0]))
+
+
+def test_a_fused_value_comes_with_the_buffer_it_keeps_alive(small):
+  """`1 - tanh(x)` (tanh's derivative) is fused away: removing `tanh(x)` recomputes it too."""
+  prog, _, _ = small
+  g = build_graph(prog, DEVICE)
+  virtual = prog.profile.virtual
+  assert not any(virtual[c.decision.var] for c in g.candidates)
+  with_companions = [c for c in g.candidates if c.companions]
+  assert with_companions
+  for c in with_companions:
+    assert not virtual[c.decision.var]
+    for d in c.companions:
+      assert virtual[d.var] and d.action is Action.REMAT
+      assert c.decision.var in prog.ops[prog.vars[d.var].defined_by].input_ids()
 
 
 def test_offload_waits_for_its_copy_where_memory_is_over_the_limit(small):
@@ -107,51 +127,40 @@ def test_offload_waits_for_its_copy_where_memory_is_over_the_limit(small):
   assert stalls[1] > stalls[0] >= 0
 
 
-def _brute_force_best(prog, g, budget):
-  """The fastest fitting plan of at most two actions (exhaustive), by the same estimate."""
-  best = None
-  cands = [c.decision for c in g.candidates]
-  for r in (1, 2):
-    for combo in itertools.combinations(cands, r):
-      if len({(d.var, d.start) for d in combo}) < r:
-        continue
-      plan = common.finish(prog, combo, budget, "brute", copies="async",
-                           window=common.device_window(DEVICE))
-      if plan.estimated_peak_bytes <= budget:
-        t = jaxmem.simulate(plan, DEVICE).overhead
-        best = t if best is None else min(best, t)
-    if best is not None:
-      return best
-  return best
+def test_trained_agent_finds_the_known_best_action():
+  """A 6-layer MLP at 0.9 of its peak on a device with a slow host link.
 
-
-def test_search_finds_a_fitting_plan_near_the_enumerated_best():
-  """A 3-layer MLP whose only fitting plans take two particular actions (found by enumeration).
-
-  Every single action leaves the peak where it is or raises it; removing two
-  values whose recomputations share inputs fits. The episodes' best plan
-  (Figure 3's best-found strategy) fits, within 5 points of the best pair's
-  simulated overhead. The trained network run greedily does not find it
-  (its last episode is over the limit): the diagnostics say so.
+  Enumeration: every fitting plan of one action removes one activation for
+  about +6% of the step; a swap-out costs about +2000% (a 1 GB/s link); doing
+  nothing does not fit. The episodes' best plan (Figure 3) is the best one;
+  the trained network run greedily (the last episode, no exploration) finds
+  it for at least two of three seeds (measured: 3 of 3 here, 4 of 6 over
+  seeds 0-5: the greedy policy is not reliable, see the module docstring).
   """
-  step, args = _mlp_program(width=128, batch=1024, depth=3)
+  device = dataclasses.replace(device_profile("h100-pcie"), name="slow-link",
+                               host_bytes_per_s=1e9)
+  step, args = _mlp_program(width=128, batch=4096, depth=6)
   prog = jaxmem.analyze(step, *args)
-  g = build_graph(prog, DEVICE)
-  assert 2 <= len(g.candidates) <= 40
+  g = build_graph(prog, device)
   unplanned = common.finish(prog, (), 0, "none").estimated_peak_bytes
-  budget = int(unplanned * 0.85)
-  for c in g.candidates:          # no single action fits
-    one = common.finish(prog, (c.decision,), budget, "one", copies="async",
-                        window=common.device_window(DEVICE))
-    assert one.estimated_peak_bytes > budget
-  want = _brute_force_best(prog, g, budget)
-  assert want is not None
-  plan = dqn_mod.dqn(prog, budget, DEVICE, episodes=40, seed=0)
-  diag = plan.diagnostic(DqnDiagnostics)
-  assert plan.planner == "dqn" and plan.estimated_peak_bytes <= budget
-  assert diag.episodes == 41 and len(diag.returns) == 41 and any(diag.episode_fits)
-  assert diag.episode_fits[diag.best_episode - 1]
-  assert jaxmem.simulate(plan, DEVICE).overhead <= want + 0.05
+  budget = int(unplanned * 0.9)
+  window = common.device_window(device)
+  single = []
+  for c in g.candidates:
+    plan = common.finish(prog, c.decisions, budget, "one", copies="async", window=window)
+    if plan.estimated_peak_bytes <= budget:
+      single.append((jaxmem.simulate(plan, device).overhead, c.decision.action))
+  want = min(t for t, _ in single)
+  assert min(t for t, a in single if a is Action.OFFLOAD) > 10 * want
+  found = 0
+  for seed in (0, 1, 2):
+    plan = dqn_mod.dqn(prog, budget, device, episodes=30, seed=seed)
+    diag = plan.diagnostic(DqnDiagnostics)
+    assert plan.estimated_peak_bytes <= budget
+    assert jaxmem.simulate(plan, device).overhead == pytest.approx(want, abs=1e-9)
+    assert diag.episodes == 31 and len(diag.returns) == 31
+    found += diag.episode_fits[-1] and diag.episode_overheads[-1] == pytest.approx(want, abs=1e-9)
+  assert found >= 2
 
 
 def test_deterministic_and_save_load_round_trip(small, tmp_path):
@@ -180,8 +189,8 @@ def test_weights_transfer_to_another_program(small):
   prog, _, _ = small
   step, args = _mlp_program(width=128, batch=256, depth=2)
   tiny = jaxmem.analyze(step, *args)
-  w = dqn_mod.dqn(tiny, int(0.8 * tiny.peak_bytes), DEVICE, episodes=3).diagnostic(
-      DqnDiagnostics).weights
+  w = jaxmem.train_dqn([tiny, tiny], [0.8, int(0.7 * tiny.peak_bytes)], DEVICE, episodes=3)
+  assert isinstance(w, DqnWeights)
   plan = dqn_mod.dqn(prog, int(0.8 * prog.peak_bytes), DEVICE, episodes=2, weights=w)
   assert plan.diagnostic(DqnDiagnostics).pretrained
   assert build_graph(tiny, DEVICE).num_nodes != build_graph(prog, DEVICE).num_nodes
@@ -193,6 +202,8 @@ def test_bad_arguments_name_themselves(small, tmp_path):
     dqn_mod.dqn(prog, prog.peak_bytes, DEVICE, episodes=0)
   with pytest.raises(ValueError, match="`episodes`"):
     dqn_mod.dqn(prog, prog.peak_bytes, DEVICE, episodes=-1)
+  with pytest.raises(ValueError, match="one budget per program"):
+    jaxmem.train_dqn([prog], [0.5, 0.6], DEVICE)
   bad = tmp_path / "not-weights.msgpack"
   from flax import serialization
   bad.write_bytes(serialization.msgpack_serialize({"format": "something else"}))

@@ -24,22 +24,38 @@ paper of ``docs/design.md``'s bibliography). What it does, section by section:
   recomputation timing are not actions: a fetch starts as late as still
   hides its copy behind the ops before the next read, and no earlier than the
   limit allows (§4.5's rule); a recomputation runs just before the read.
-* §4.6 **transitions**, §4.7 **rewards**, §4.8 **environment**: an
-  incremental simulator (:class:`MemoryEnv`) applies one action at a time to
-  the estimated live bytes per op position and to a device-to-host copy
-  stream. A swap-out frees its bytes from the first op that starts after its
-  copy is done (the agent is rounded up to that op), and where memory is
-  over the limit the next op waits for the copy to finish (§4.6: no new
-  allocation until offloads free memory). The reward is minus the stall or
-  recomputation time the action adds, as a fraction of the step time.
+* §4.6 **transitions**, §4.7 **rewards**, §4.8 **environment**: jaxmem's
+  simulator applied one action at a time (:class:`MemoryEnv`). Each action
+  moves the agent past its node; the live bytes per op position and the
+  step time are those of the plan of the actions taken so far. The paper's
+  timing rules are the simulator's (after AutoSwap's stall model): a
+  swap-out's bytes are free once its copy is done and the compute stream
+  waits for it there (§4.6: no allocation before the offload frees
+  memory); a fetch is issued a window ahead of its read, within the limit
+  (§4.5). The reward is minus the step time the action added (stalls,
+  recomputation), as a fraction of the unplanned step.
 * §4.10 **fitted Q-iteration** (Algorithm 1): ε-greedy episodes with
   ``ε = 1 - episode / l``, every transition into an experience-replay set, a
   minibatch SGD step (Adam, optax) on ``(y - Q)^2`` with the target
   ``y = r + γ max_a' Q(g', s_a')`` held constant, after each action.
 * Figure 3: the planner returns the best strategy found over the episodes.
 
+The paper's Algorithm 1 computes the target of eq. (5) with the weights it
+updates; here with a copy renewed every 50 updates (Mnih et al.'s target
+network). With the live weights, the maximum over noisy Q values of the
+next state overestimated doing nothing until it ranked above every action
+on the 6-layer MLP of ``tests/planners/test_dqn.py``.
+
 Where jaxmem departs from the paper, and why:
 
+* An action node's cost features are those of its own action (the copy
+  time on a swap-out's node, the recomputation time, companions included,
+  on a removal's), the other is 0: with both, the two actions on one value
+  differed in their action type alone, and the network priced them alike.
+* ``valid`` is -1 on the node of an action taken in the episode (0 where
+  an action is neither valid nor taken): with 0 for both, the states after
+  removing a value and after swapping it out were the same, and the agent
+  could not learn that a swap-out occupies the copy stream for the next one.
 * A seventh node feature, ``load``: the estimated live bytes at the node's
   op position minus the limit, as a fraction of the unplanned peak
   (``paper_features=True`` leaves it 0). The paper's six features say nothing of where memory is over the
@@ -55,24 +71,32 @@ Where jaxmem departs from the paper, and why:
   nothing, which changes nothing): episodes are as long as the number of
   decision points, not of memory operations.
 * Only idle stretches of at least ``min_bytes`` become actions (default:
-  1% of the estimated peak), at most ``max_actions`` of them by size: the
-  graph and the episodes stay small on programs of thousands of ops.
+  0.1% of the estimated peak) that carry a value from the forward to the
+  backward pass or last 0.5% of the step, at most ``max_actions`` of them by
+  size: the graph and the episodes stay small on programs of thousands of
+  ops.
 * The paper defines the terminal state only for success (the peak is under
   the limit and nothing more needs to move). An episode that reaches the end
   of the step over the limit ends there too, with a reward of
-  ``-fail_penalty * (1 + excess / peak)``: without it the agent would learn
+  ``-fail_penalty * (1 + 10 * excess / peak)``: without it the agent would learn
   nothing from strategies that do not fit, and would not prefer the one
-  closest to fitting when the limit cannot be met.
-* The simulator's live bytes after each action are those of the estimate
-  every planner finishes with (:func:`~jaxmem._src.planners.common.position_profile`
-  of the actions taken so far, memoized per set of actions): actions do not
-  add up (two recomputations sharing inputs free more together than apart).
-  Its clock is the paper's: one device-to-host stream, and a fetch without
-  contention. It guides the search only: each
-  episode's actions become :class:`~jaxmem._src.plan.decisions.Decision`
-  objects, and the plan returned is chosen by the estimate every planner
-  finishes with (:func:`~jaxmem._src.planners.common.finish`) and by
-  :func:`jaxmem.simulate`, so its figures compare with the other planners'.
+  closest to fitting when the limit cannot be met (each 10% of the peak
+  over the limit costs another ``fail_penalty``).
+* Mnih et al.'s reward clipping: one action's cost counts at most one step
+  (``reward_clip``), so a swap-out over a slow link does not swamp the small
+  differences between good plans in the regression.
+* The environment recomputes the plan's schedule after each action (memoized
+  per set of actions) rather than patching a running memory trace: actions do
+  not add up (two recomputations sharing inputs free more together than
+  apart, a value XLA fuses keeps its input alive), and a plan the agent is
+  rewarded for is the plan :func:`jaxmem.fit` compiles.
+* Values XLA fuses away (``1 - tanh(x)`` for tanh's derivative) are no
+  buffers, and keep the buffer they read alive: they are not actions, and an
+  action on a buffer also recomputes them (:func:`_companions`). Alone,
+  removing ``tanh(x)`` of a 6-layer MLP left the peak where it was; with
+  them it fits 0.9 of it. (Actions on fused values too, as AutoSwap takes
+  them, gave the GPT example 218 actions instead of 66: 404 s instead of
+  92 s for 30 episodes at 0.7 of its peak, and still no fitting plan.)
 * The paper's ``W`` are untrained at the start of each planning call; here
   trained weights can be passed in (``weights=``), and :func:`train_dqn`
   trains one set of weights over several programs, so a call fine-tunes
@@ -98,7 +122,7 @@ from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
-from jaxmem._src.plan.schedule import CopyMode, Window
+from jaxmem._src.plan.schedule import CopyMode, StepKind, Window
 from jaxmem._src.plan.simulate import op_start_times, simulate
 from jaxmem._src.planners import common
 
@@ -129,14 +153,21 @@ def _require_flax() -> tuple[Any, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One action of §4.5: swap out or remove one value over one idle stretch.
+  """One action of §4.5: swap out or remove one buffer over one idle stretch.
 
   Attributes:
-    decision: what the plan does if the action is taken.
+    decision: what the plan does with the buffer if the action is taken.
     node: the action node that represents it in the graph.
+    companions: recomputations of values XLA fuses away that would keep the
+      buffer alive (:func:`_companions`), taken with it.
   """
   decision: Decision
   node: int
+  companions: tuple[Decision, ...] = ()
+
+  @property
+  def decisions(self) -> tuple[Decision, ...]:
+    return (self.decision, *self.companions)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -176,25 +207,60 @@ class OpGraph:
     return len(self.senders)
 
 
+def _companions(program: AnalyzedProgram, gap: common.Gap, pricer: common.Pricer,
+                ) -> tuple[Decision, ...] | None:
+  """Recomputations of the values XLA fuses away that would keep ``gap.var`` alive over ``gap``.
+
+  A value XLA fuses into its reader (``1 - tanh(x)`` for tanh's derivative)
+  is no buffer: its stored input stays alive until that reader runs. The
+  paper's variables are buffers, so an action on one covers these values
+  too: each is recomputed for its next read after the stretch starts.
+  ``None`` when one of them cannot be.
+  """
+  prof = program.profile
+  if prof.virtual is None:
+    return ()
+  out = []
+  for u in program.vars[gap.var].uses:
+    for w in program.ops[u].outputs:
+      if not prof.virtual[w] or w == gap.var:
+        continue
+      over = [h for h in common.gaps_of(program, w) if h.start < gap.end and h.end > gap.start]
+      for h in over:
+        d = common.remat_decision(program, h, pricer)
+        if d is None:
+          return None
+        out.append(d)
+  return tuple(out)
+
+
 def _candidate_decisions(program: AnalyzedProgram, pricer: common.Pricer, min_bytes: int,
-                         max_actions: int, times: np.ndarray) -> list[Decision]:
-  """Swap-out and remove decisions over the largest idle stretches of candidate values.
+                         max_actions: int, times: np.ndarray,
+                         ) -> list[tuple[Decision, tuple[Decision, ...]]]:
+  """Swap-out and remove actions over the largest idle stretches of stored values.
 
   A stretch qualifies when it carries a feature map from the forward to the
   backward pass (what §4.5's actions are for) or lasts at least 0.5% of the
-  step: shorter ones free their bytes for a few ops only.
+  step: shorter ones free their bytes for a few ops only. Values XLA fuses
+  away are not buffers: they come with the action on the buffer they keep
+  alive (:func:`_companions`).
   """
   min_s = 0.005 * float(times[-1])
+  virtual = program.profile.virtual
   gaps = [g for g in common.candidate_gaps(program, min_bytes)
-          if g.forward_to_backward or times[g.end] - times[g.start + 1] >= min_s]
+          if (g.forward_to_backward or times[g.end] - times[g.start + 1] >= min_s)
+          and not (virtual is not None and virtual[g.var])]
   gaps.sort(key=lambda g: (-g.nbytes, -g.length, g.start, g.var))
-  out: list[Decision] = []
+  out: list[tuple[Decision, tuple[Decision, ...]]] = []
   for g in gaps:
     if len(out) >= max_actions:
       break
+    companions = _companions(program, g, pricer)
+    if companions is None:
+      companions = ()        # the buffer alone (its fused readers keep it alive longer)
     for d in (common.offload_decision(program, g, pricer), common.remat_decision(program, g, pricer)):
       if d is not None and len(out) < max_actions:
-        out.append(d)
+        out.append((d, companions))
   return out
 
 
@@ -205,7 +271,7 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
   Args:
     program: a :class:`jaxmem.Program`.
     device: device profile for copy and recompute times.
-    min_bytes: smallest idle value that becomes an action (default 1% of
+    min_bytes: smallest idle value that becomes an action (default 0.1% of
       the estimated peak).
     max_actions: most actions (the largest idle stretches first).
 
@@ -220,11 +286,11 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
   times = op_start_times(program, dev)
   step_s = float(times[-1]) or 1.0
   decisions = _candidate_decisions(program, pricer, min_bytes, max_actions, times)
-  variables = sorted({d.var for d in decisions})
+  variables = sorted({d.var for d, _ in decisions})
   recompute_s = {}
-  for d in decisions:
+  for d, extra in decisions:
     if d.action is Action.REMAT:
-      recompute_s.setdefault(d.var, d.cost_s)
+      recompute_s.setdefault(d.var, d.cost_s + sum(e.cost_s for e in extra))
   # Nodes: (position, order within the position, kind, var). Reads/writes
   # come before the free that follows them at the same position.
   nodes: list[tuple[int, int, int, int]] = []
@@ -232,7 +298,7 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
     v = program.vars[vid]
     for p in sorted({v.defined_by, *v.uses}):
       nodes.append((p, 0, ACCESS, vid))
-  frees = sorted({(d.start, d.var) for d in decisions if d.action is Action.REMAT})
+  frees = sorted({(d.start, d.var) for d, _ in decisions if d.action is Action.REMAT})
   nodes += [(p, 1, FREE, vid) for p, vid in frees]
   nodes.sort()
   index = {(p, k, vid): i + 1 for i, (p, _, k, vid) in enumerate(nodes)}
@@ -244,10 +310,11 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
 
   candidates: list[Candidate] = []
   action_of_node = np.full(n, -1, dtype=np.int64)
-  for d in sorted(decisions, key=lambda d: (d.start, d.action is Action.REMAT, d.var)):
+  for d, extra in sorted(decisions, key=lambda de: (de[0].start, de[0].action is Action.REMAT,
+                                                    de[0].var)):
     node = index[(d.start, ACCESS if d.action is Action.OFFLOAD else FREE, d.var)]
     action_of_node[node] = len(candidates)
-    candidates.append(Candidate(d, node))
+    candidates.append(Candidate(d, node, extra))
 
   features = np.zeros((n, len(FEATURES)), dtype=np.float32)
   uses = {vid: sorted(program.vars[vid].uses) for vid in variables}
@@ -261,8 +328,15 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
                    (times[later[0]] - times[p]) / step_s if later else 0.0,
                    0.0, 0.0, 0.0)
   for c in candidates:
-    features[c.node, FEATURES.index("action_type")] = (
-        1.0 if c.decision.action is Action.OFFLOAD else 2.0) / 2.0
+    offload = c.decision.action is Action.OFFLOAD
+    features[c.node, FEATURES.index("action_type")] = (1.0 if offload else 2.0) / 2.0
+    # An action node carries the cost of its own action only (a departure:
+    # with both, a swap-out and a removal of one value differed in their
+    # action type alone, and the network priced them alike).
+    features[c.node, FEATURES.index("recompute_time" if offload else "copy_time")] = 0.0
+    if not offload:
+      features[c.node, FEATURES.index("recompute_time")] = sum(
+          d.cost_s for d in c.decisions) / step_s
 
   # Edges: consecutive nodes in time, consecutive operations of one value.
   pairs = [(i, i + 1) for i in range(1, n - 1)]
@@ -279,6 +353,15 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
                  tuple(candidates), action_of_node, step_s)
 
 
+def _decisions(graph: OpGraph, chosen: Sequence[int]) -> tuple[Decision, ...]:
+  """The plan's decisions for the candidates ``chosen`` (companions once each)."""
+  out: dict[tuple[int, int], Decision] = {}
+  for i in chosen:
+    for d in graph.candidates[i].decisions:
+      out.setdefault((d.var, d.start), d)
+  return tuple(out.values())
+
+
 # --------------------------------------------------------------------------
 # The environment (§4.6-4.8): one action at a time.
 
@@ -286,61 +369,83 @@ def build_graph(program: AnalyzedProgram, device: DeviceLike = None, *,
 @dataclasses.dataclass
 class _State:
   live: np.ndarray            # estimated live bytes per op position
+  step_s: float               # simulated step time of the actions taken
   cursor: int                 # the next op position the agent stands at
   used: set[tuple[int, int]]  # (value, gap start) of the stretches acted on
   chosen: list[int]           # candidate indices taken, in order
-  d2h_free: float             # when the device-to-host stream is free
 
 
 class MemoryEnv:
-  """The incremental simulator the agent learns from (§4.6-4.8).
+  """The environment the agent learns from (§4.6-4.8): jaxmem's simulator, one action at a time.
 
-  The state is the estimated live bytes at every op position of the
-  program (:func:`~jaxmem._src.planners.common.position_profile` with the
-  planners' pins, of the actions taken), the op position the agent stands
-  at and the device-to-host stream. :meth:`step` applies one action and
-  returns its reward.
+  The state is the estimated live bytes at every op position and the
+  simulated step time of the plan of the actions taken so far, and the op
+  position the agent stands at. :meth:`step` takes one action and moves the
+  agent on: the schedule of the actions taken
+  (:class:`~jaxmem._src.plan.schedule.Schedule`, with the planner's copy
+  settings) gives the live bytes, and :func:`jaxmem.simulate` the step time;
+  the reward is minus the step time the action added, as a fraction of the
+  unplanned step. Both are memoized per set of actions (episodes share
+  prefixes). The paper's two timing rules are the simulator's: a swap-out's
+  bytes are free only once its copy is done, and the compute stream waits
+  for it there (§4.6: no allocation before the offload frees memory); a
+  fetch is issued a window ahead of its read, within the limit
+  (:func:`~jaxmem._src.plan.schedule.async_copies`, §4.5).
 
   Args:
     program: the program.
     graph: its :func:`build_graph`.
     budget_bytes: the memory limit.
     device: device profile (op and copy times).
+    copies, window: the copy scheduling the plan will have.
     fail_penalty: the reward of an episode that ends over the limit is
-      ``-fail_penalty * (1 + excess / peak)``, ``peak`` the unplanned
+      ``-fail_penalty * (1 + 10 * excess / peak)``, ``peak`` the unplanned
       estimate (a departure, see the module).
   """
 
   def __init__(self, program: AnalyzedProgram, graph: OpGraph, budget_bytes: int,
-               device: DeviceLike = None, *, fail_penalty: float = 4.0):
-    dev = device_profile(device)
+               device: DeviceLike = None, *, copies: CopyMode = "async", window: Window = None,
+               fail_penalty: float = 1.0, reward_clip: float = 1.0):
     self.graph = graph
     self.limit = float(max(0, budget_bytes))
-    self._scale = float(max(1, program.profile.peak_bytes))
     self.fail_penalty = fail_penalty
-    self.times = op_start_times(program, dev)
-    self.step_s = graph.step_seconds
-    live, _ = common.position_profile(program, (), common.pins(program))
-    self._live0 = live.astype(np.float64)
-    self._pricer = common.Pricer(program, dev)
-    # The live bytes after the actions taken, by the estimate every planner
-    # finishes with (a recomputation keeps its inputs alive, an asynchronous
-    # copy's window, values XLA fuses): recomputed after each action, once
-    # per set of actions (episodes share prefixes).
+    self.reward_clip = reward_clip
     self._program = program
+    self._device = device_profile(device)
+    self._budget = int(max(0, budget_bytes))
+    self._copies = copies
+    self._window = common.device_window(device) if window is None and copies == "async" else window
     self._pinned = common.pins(program)
-    self._profiles: dict[frozenset[int], np.ndarray] = {frozenset(): self._live0}
+    self._scale = float(max(1, program.profile.peak_bytes))
+    self.step_s = graph.step_seconds
+    self._memo: dict[frozenset[int], tuple[np.ndarray, float, Plan]] = {}
     # Decision points: positions with an action node, in time order.
     self._points = np.array(sorted({int(graph.positions[c.node]) for c in graph.candidates}),
                             dtype=np.int64)
-    self._first_node = {}
-    for i in range(graph.num_nodes - 1, 0, -1):
-      self._first_node[int(graph.positions[i])] = i
     self._node_positions = graph.positions[1:]
     self.state = self.reset()
 
+  def evaluate(self, chosen: Sequence[int]) -> tuple[np.ndarray, float, Plan]:
+    """Live bytes per op position, simulated step time and plan of the candidates ``chosen``."""
+    key = frozenset(chosen)
+    found = self._memo.get(key)
+    if found is None:
+      decisions = _decisions(self.graph, sorted(key))
+      plan = Plan(self._program, decisions, self._budget, 0, self._program.profile.peak_bytes,
+                  "dqn", self._pinned, self._copies, self._window)
+      schedule = plan.schedule()
+      prof = schedule.profile()
+      live = np.zeros(self._program.num_ops, dtype=np.float64)
+      for i, st in enumerate(schedule.steps):
+        if st.kind is StepKind.COMPUTE and not st.recompute:
+          live[st.op] = max(live[st.op], prof.live_bytes[i])
+      plan = plan.replace(estimated_peak_bytes=prof.peak_bytes)
+      found = self._memo[key] = (live, simulate(plan, self._device).step_time_s, plan)
+    return found
+
   def reset(self) -> _State:
-    self.state = _State(self._live0.copy(), 0, set(), [], 0.0)
+    live, step_s, _ = self.evaluate(())
+    self.state = _State(live, step_s, 0, set(), [])
     self._advance()
     return self.state
 
@@ -348,19 +453,19 @@ class MemoryEnv:
 
   def point(self) -> int | None:
     """The op position of the current decision, or None when the episode is over."""
-    st = self.state
-    k = int(np.searchsorted(self._points, st.cursor))
+    k = int(np.searchsorted(self._points, self.state.cursor))
     return int(self._points[k]) if k < len(self._points) else None
+
+  def _open(self, p: int) -> list[Candidate]:
+    used = self.state.used
+    return [c for c in self.graph.candidates
+            if self.graph.positions[c.node] == p and (c.decision.var, c.decision.start) not in used]
 
   def valid_nodes(self) -> np.ndarray:
     """Action nodes valid now (node 0, doing nothing, always is)."""
     p = self.point()
-    out = [0]
-    if p is not None:
-      for c_index, c in enumerate(self.graph.candidates):
-        if (self.graph.positions[c.node] == p and (c.decision.var, c.decision.start) not in self.state.used):
-          out.append(c.node)
-    return np.array(out, dtype=np.int32)
+    return np.array([0] + ([c.node for c in self._open(p)] if p is not None else []),
+                    dtype=np.int32)
 
   def current_node(self) -> int:
     """The node under execution (§4.4.2's ``c``): the first node at or after the cursor."""
@@ -373,22 +478,22 @@ class MemoryEnv:
     out[1:] = (self.state.live[self._node_positions] - self.limit) / self._scale
     return out
 
-  # -- transitions
+  def taken_nodes(self) -> np.ndarray:
+    """The action nodes of the actions taken in this episode."""
+    return np.array([self.graph.candidates[k].node for k in self.state.chosen], dtype=np.int32)
 
   def fits(self) -> bool:
     return float(self.state.live.max()) <= self.limit
 
+  # -- transitions
+
   def _advance(self) -> None:
     """Skips op positions with no valid action (their only choice is doing nothing)."""
-    st = self.state
     while True:
       p = self.point()
-      if p is None:
+      if p is None or self._open(p):
         return
-      if any(self.graph.positions[c.node] == p and (c.decision.var, c.decision.start) not in st.used
-             for c in self.graph.candidates):
-        return
-      st.cursor = p + 1
+      self.state.cursor = p + 1
 
   def step(self, node: int) -> tuple[float, bool]:
     """Takes the action of ``node`` at the current decision point; ``(reward, terminal)``."""
@@ -396,56 +501,33 @@ class MemoryEnv:
     p = self.point()
     if p is None:
       return 0.0, True
-    cost_s = 0.0
+    reward = 0.0
     if node == 0:
       st.cursor = p + 1
     else:
-      c = self.graph.candidates[int(self.graph.action_of_node[node])]
-      d = c.decision
-      if (d.var, d.start) in st.used or self.graph.positions[node] != p:
+      k = int(self.graph.action_of_node[node])
+      d = self.graph.candidates[k].decision if k >= 0 else None
+      if d is None or (d.var, d.start) in st.used or self.graph.positions[node] != p:
         raise ValueError(f"node {node} is not a valid action at position {p}")
       st.used.add((d.var, d.start))
-      st.chosen.append(int(self.graph.action_of_node[node]))
-      a, b = d.start, d.end
-      if d.action is Action.REMAT:
-        cost_s = d.cost_s
-        st.cursor = a + 1
-      else:
-        copy_s = self._pricer.copy_seconds(d.nbytes)
-        start = max(float(self.times[a + 1]), st.d2h_free)
-        done = start + copy_s
-        st.d2h_free = done
-        # The bytes are free from the first op that starts after the copy.
-        f = min(b, int(np.searchsorted(self.times, done, side="left")))
-        if f > a + 1 and st.live[a + 1: f].max() > self.limit:
-          # §4.6: no new allocation before the offload frees memory: the
-          # next op waits for the copy.
-          cost_s += done - float(self.times[a + 1])
-          f = a + 1
-        # §4.5: the fetch starts as late as still hides its copy.
-        r = int(np.searchsorted(self.times, float(self.times[b]) - copy_s, side="right")) - 1
-        r = max(f, min(b, r))
-        fetch_done = max(float(self.times[r]), done) + copy_s
-        cost_s += max(0.0, fetch_done - float(self.times[b]))
-        st.cursor = max(a + 1, f)
-      key = frozenset(st.chosen)
-      if key not in self._profiles:
-        live, _ = common.position_profile(
-            self._program, tuple(self.graph.candidates[i].decision for i in sorted(key)),
-            self._pinned)
-        self._profiles[key] = live.astype(np.float64)
-      st.live = self._profiles[key].copy()
-    reward = -cost_s / self.step_s
+      st.chosen.append(k)
+      st.cursor = d.start + 1
+      live, step_s, _ = self.evaluate(st.chosen)
+      # Mnih et al.'s reward clipping (a departure): one action's cost counts
+      # at most one step, so a swap-out on a slow link does not swamp the
+      # small differences between good plans in the regression.
+      reward = max(-self.reward_clip, -(step_s - st.step_s) / self.step_s)
+      st.live, st.step_s = live, step_s
     self._advance()
     if self.fits():
       return reward, True
     if self.point() is None:
       excess = float(st.live.max()) - self.limit
-      return reward - self.fail_penalty * (1.0 + excess / self._scale), True
+      return reward - self.fail_penalty * (1.0 + 10.0 * excess / self._scale), True
     return reward, False
 
   def decisions(self) -> tuple[Decision, ...]:
-    return tuple(self.graph.candidates[i].decision for i in self.state.chosen)
+    return _decisions(self.graph, self.state.chosen)
 
 
 # --------------------------------------------------------------------------
@@ -554,7 +636,7 @@ class _Agent:
 
   def __init__(self, weights: DqnWeights | None, *, embed_dim: int, rounds: int, seed: int,
                learning_rate: float, gamma: float, batch_size: int, replay_size: int,
-               use_load: bool = True):
+               use_load: bool = True, updates_per_step: int = 1, target_every: int = 50):
     _, optax = _require_flax()
     import jax
     import jax.numpy as jnp
@@ -562,6 +644,7 @@ class _Agent:
       embed_dim, rounds = weights.embed_dim, weights.rounds
     self.embed_dim, self.rounds = embed_dim, rounds
     self.use_load = use_load
+    self.updates_per_step = updates_per_step
     self.net = _q_network(embed_dim, rounds)
     self.rng = np.random.default_rng(seed)
     self.gamma, self.batch_size = gamma, batch_size
@@ -573,6 +656,10 @@ class _Agent:
     else:
       self.params = jax.tree_util.tree_map(jnp.asarray, weights.params)
     self.opt_state = self.tx.init(self.params)
+    # The target of eq. (5) is computed with a copy of the weights renewed
+    # every `target_every` updates (a departure: see `dqn`).
+    self.target = self.params
+    self.target_every = target_every
     self.replay_size = replay_size
     self.sgd_steps = 0
     net, tx = self.net, self.tx
@@ -580,19 +667,19 @@ class _Agent:
     def q_values(params, x, senders, receivers, weights, current):
       return net.apply(params, x, senders, receivers, weights, current)
 
-    def loss(params, batch, senders, receivers, weights):
+    def loss(params, target, batch, senders, receivers, weights):
       x, cur, act, r, x2, cur2, mask2, done = batch
 
       def one(x, cur, act, r, x2, cur2, mask2, done):
         q = q_values(params, x, senders, receivers, weights, cur)[act]
-        q2 = q_values(params, x2, senders, receivers, weights, cur2)
+        q2 = q_values(target, x2, senders, receivers, weights, cur2)
         best = jnp.max(jnp.where(mask2, q2, -jnp.inf))
         y = r + jnp.where(done, 0.0, gamma * best)     # eq. (5), terminal Q = 0
         return (jax.lax.stop_gradient(y) - q) ** 2      # eq. (4)
       return jnp.mean(jax.vmap(one)(x, cur, act, r, x2, cur2, mask2, done))
 
-    def update(params, opt_state, batch, senders, receivers, weights):
-      grads = jax.grad(loss)(params, batch, senders, receivers, weights)
+    def update(params, target, opt_state, batch, senders, receivers, weights):
+      grads = jax.grad(loss)(params, target, batch, senders, receivers, weights)
       updates, opt_state = tx.update(grads, opt_state, params)
       return jax.tree_util.tree_map(lambda p, u: p + u, params, updates), opt_state
 
@@ -613,17 +700,24 @@ class _Agent:
     weights = jnp.asarray(g.weights)
     n = g.num_nodes
     cap = self.replay_size
-    xs = np.zeros((cap, n), dtype=bool)       # the valid mask and the load change in x
+    # What changes in x: validity (1 valid, -1 taken, 0 neither) and load.
+    xs = np.zeros((cap, n), dtype=np.int8)
     ld = np.zeros((cap, n), dtype=np.float32)
     ld2 = np.zeros((cap, n), dtype=np.float32)
     cur = np.zeros(cap, dtype=np.int32)
     act = np.zeros(cap, dtype=np.int32)
     rew = np.zeros(cap, dtype=np.float32)
-    xs2 = np.zeros((cap, n), dtype=bool)
+    xs2 = np.zeros((cap, n), dtype=np.int8)
     cur2 = np.zeros(cap, dtype=np.int32)
     done = np.zeros(cap, dtype=bool)
     stored = 0
     base = g.features
+
+    def validity(valid: np.ndarray) -> np.ndarray:
+      out = np.zeros(n, dtype=np.int8)
+      out[env.taken_nodes()] = -1
+      out[valid] = 1
+      return out
 
     def feats(mask: np.ndarray, load: np.ndarray) -> np.ndarray:
       x = np.broadcast_to(base, mask.shape + base.shape[1:]).copy()
@@ -639,8 +733,7 @@ class _Agent:
       ret = 0.0
       while env.point() is not None:
         valid = env.valid_nodes()
-        mask = np.zeros(n, dtype=bool)
-        mask[valid] = True
+        mask = validity(valid)
         c = env.current_node()
         load = env.node_load()
         # Algorithm 1 line 7: explore while e > episode / l.
@@ -656,20 +749,21 @@ class _Agent:
           k = stored % cap
           xs[k], ld[k], cur[k], act[k], rew[k] = mask, load, c, a, r
           ld2[k] = env.node_load()
-          valid2 = env.valid_nodes() if not terminal else np.array([0], np.int32)
-          xs2[k] = False
-          xs2[k, valid2] = True
+          xs2[k] = validity(env.valid_nodes() if not terminal else np.array([0], np.int32))
           cur2[k], done[k] = env.current_node(), terminal
           stored += 1
-          if stored >= self.batch_size:
+          for _ in range(self.updates_per_step if stored >= self.batch_size else 0):
             pick = self.rng.integers(0, min(stored, cap), self.batch_size)
             batch = (jnp.asarray(feats(xs[pick], ld[pick])), jnp.asarray(cur[pick]),
                      jnp.asarray(act[pick]), jnp.asarray(rew[pick]),
                      jnp.asarray(feats(xs2[pick], ld2[pick])),
-                     jnp.asarray(cur2[pick]), jnp.asarray(xs2[pick]), jnp.asarray(done[pick]))
-            self.params, self.opt_state = self._update(self.params, self.opt_state, batch,
-                                                       senders, receivers, weights)
+                     jnp.asarray(cur2[pick]), jnp.asarray(xs2[pick] > 0),
+                     jnp.asarray(done[pick]))
+            self.params, self.opt_state = self._update(self.params, self.target, self.opt_state,
+                                                       batch, senders, receivers, weights)
             self.sgd_steps += 1
+            if not self.target_every or self.sgd_steps % self.target_every == 0:
+              self.target = self.params
         if terminal:
           break
       if on_episode is not None:
@@ -681,7 +775,10 @@ def dqn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, 
         weights: DqnWeights | str | os.PathLike[str] | None = None, seed: int = 0,
         embed_dim: int = 32, rounds: int = 4, learning_rate: float = 1e-3, gamma: float = 0.99,
         batch_size: int = 16, replay_size: int = 20000, min_bytes: int | None = None,
-        max_actions: int = 256, paper_features: bool = False, progress: bool = False) -> Plan:
+        max_actions: int = 256, updates_per_step: int = 4, fail_penalty: float = 1.0,
+        reward_clip: float = 1.0,
+        paper_features: bool = False,
+        progress: bool = False) -> Plan:
   """The DQN paper's planner: swap-out and remove actions chosen by a deep Q-network.
 
   Trains the Q-network on ``program`` for ``episodes`` episodes (Algorithm 1;
@@ -706,6 +803,11 @@ def dqn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, 
       Adam step, decay factor ``γ``, minibatch and replay-set sizes.
     min_bytes, max_actions: which idle stretches become actions
       (:func:`build_graph`).
+    reward_clip: an action's reward is at least ``-reward_clip``.
+    fail_penalty: an episode that ends over the limit is rewarded
+      ``-fail_penalty * (1 + 10 * excess / peak)`` (:class:`MemoryEnv`).
+    updates_per_step: minibatch updates after each action (Algorithm 1
+      makes one; more learn more from the same episodes, for their time).
     paper_features: only the paper's six node features (the ``load``
       feature stays 0).
     progress: print a line per episode on stderr.
@@ -737,45 +839,93 @@ def dqn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, 
     window = common.device_window(device)
   t0 = time.perf_counter()
   graph = build_graph(program, device, min_bytes=min_bytes, max_actions=max_actions)
-  env = MemoryEnv(program, graph, budget_bytes, device)
+  env = MemoryEnv(program, graph, budget_bytes, device, copies=copies, window=window,
+                  fail_penalty=fail_penalty, reward_clip=reward_clip)
   agent = _Agent(weights, embed_dim=embed_dim, rounds=rounds, seed=seed,
                  learning_rate=learning_rate, gamma=gamma, batch_size=batch_size,
-                 replay_size=replay_size, use_load=not paper_features)
-  pinned = common.pins(program)
-  evaluated: dict[tuple[int, ...], tuple[Plan, float]] = {}
+                 replay_size=replay_size, use_load=not paper_features,
+                 updates_per_step=updates_per_step)
   returns, fits, overheads = [], [], []
-  keys: list[tuple[int, ...]] = []
-
-  def evaluate(chosen: tuple[int, ...]) -> tuple[Plan, float]:
-    key = tuple(sorted(chosen))
-    keys.append(key)
-    if key not in evaluated:
-      plan = common.finish(program, (graph.candidates[i].decision for i in key), budget_bytes,
-                           "dqn", pinned, copies=copies, window=window)
-      evaluated[key] = (plan, simulate(plan, device).overhead)
-    return evaluated[key]
+  plans: list[Plan] = []
 
   def on_episode(index: int, ret: float, env: MemoryEnv) -> None:
-    plan, overhead = evaluate(tuple(env.state.chosen))
+    _, step_s, plan = env.evaluate(env.state.chosen)
+    plans.append(plan)
     returns.append(ret)
     fits.append(plan.estimated_peak_bytes <= budget_bytes)
-    overheads.append(overhead)
+    overheads.append(step_s / unplanned_s - 1.0)
     if progress:
       print(f"[jaxmem] dqn: episode {index}/{episodes + 1}: return {ret:+.3f}, "
-            f"{len(env.state.chosen)} actions, peak {env.state.live.max() / 2**20:.1f} MiB "
-            f"simulated, {plan.estimated_peak_bytes / 2**20:.1f} MiB estimated "
-            f"({'fits' if fits[-1] else 'over'}), overhead {overhead:+.1%}",
-            file=sys.stderr, flush=True)
+            f"{len(env.state.chosen)} actions, estimated peak "
+            f"{plan.estimated_peak_bytes / 2**20:.1f} MiB ({'fits' if fits[-1] else 'over'}), "
+            f"overhead {overheads[-1]:+.1%}", file=sys.stderr, flush=True)
 
+  unplanned_s = simulate(None, device, schedule=env.evaluate(())[2].schedule()).unplanned_time_s
   agent.run(env, episodes, on_episode=on_episode)
   # Figure 3: the best strategy found. Fitting plans by simulated overhead,
   # the others by estimated peak; ties to the earlier episode.
-  ranked = sorted(range(len(keys)), key=lambda i: (
-      not fits[i], overheads[i] if fits[i] else evaluated[keys[i]][0].estimated_peak_bytes, i))
-  best_index = ranked[0]
-  best = evaluated[keys[best_index]][0]
+  best_index = min(range(len(plans)), key=lambda i: (
+      not fits[i], overheads[i] if fits[i] else plans[i].estimated_peak_bytes, i))
+  best = plans[best_index]
   diag = DqnDiagnostics(graph.num_nodes, graph.num_edges, len(graph.candidates), len(returns),
                         tuple(returns), tuple(fits), tuple(overheads), best_index + 1,
                         agent.sgd_steps, time.perf_counter() - t0, weights is not None,
                         agent.weights())
-  return best.replace(diagnostics=(diag,))
+  return best.replace(planner="dqn", diagnostics=(diag,))
+
+
+def train_dqn(programs: Sequence[AnalyzedProgram], budgets: Sequence[int | float],
+              device: DeviceLike = None, *, episodes: int = 30,
+              weights: DqnWeights | None = None, seed: int = 0, progress: bool = False,
+              **options: Any) -> DqnWeights:
+  """Trains one set of Q-network weights over several programs, in order.
+
+  The paper's transfer (§4.4.2): the graph state sums over the nodes, so
+  weights trained on small programs start the planning of larger ones
+  (``dqn(..., weights=...)``, fewer episodes there).
+
+  Args:
+    programs: the programs to train on.
+    budgets: per program, a budget in bytes (``int``) or a fraction of its
+      estimated peak (``float``).
+    device: device profile.
+    episodes: episodes per program.
+    weights: weights to start from.
+    seed: seeds each program's run (``seed + index``).
+    progress: a line per program on stderr.
+    **options: further :func:`dqn` options.
+
+  Returns:
+    The trained :class:`DqnWeights` (save them with :meth:`DqnWeights.save`).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> def loss(w, x):
+    ...   for _ in range(3):
+    ...     x = jnp.tanh(x @ w)
+    ...   return x.sum()
+    >>> prog = jaxmem.analyze(jax.grad(loss), jnp.eye(128), jnp.ones((256, 128)))
+    >>> w = jaxmem.train_dqn([prog], [0.8], "h100-pcie", episodes=2)
+    >>> w.embed_dim
+    32
+  """
+  if len(programs) != len(budgets):
+    raise ValueError(f"`train_dqn`: {len(programs)} programs but {len(budgets)} budgets; "
+                     "pass one budget per program.")
+  if episodes < 1:
+    raise ValueError(f"`train_dqn`: `episodes`={episodes!r} must be >= 1.")
+  for i, (program, budget) in enumerate(zip(programs, budgets)):
+    nbytes = int(budget * program.peak_bytes) if isinstance(budget, float) else int(budget)
+    t = time.perf_counter()
+    plan = dqn(program, nbytes, device, episodes=episodes, weights=weights, seed=seed + i,
+               **options)
+    weights = plan.diagnostic(DqnDiagnostics).weights
+    if progress:
+      print(f"[jaxmem] train_dqn: program {i + 1}/{len(programs)} ({program.num_ops} ops): "
+            f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+  assert weights is not None
+  return weights
+
+
+__all__ = ["Candidate", "DqnDiagnostics", "DqnWeights", "MemoryEnv", "OpGraph", "build_graph",
+           "dqn", "train_dqn"]
