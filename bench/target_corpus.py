@@ -160,6 +160,23 @@ def main() -> None:
       f" --set {a.set}" if a.set != "main" else "") + (f" --only {a.only}" if a.only else "")
   meta = dict(target=a.target, set=a.set, command=command, commit=commit(),
               jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"), entries=len(entries))
+  # `--only` re-measures some entries: the others keep their rows and the
+  # file keeps the full run's header, with this run noted under `updated`.
+  previous = None
+  if a.only and (out / f"{stem}.json").exists():
+    previous = json.loads((out / f"{stem}.json").read_text())
+    meta = dict(previous["meta"], updated=[*previous["meta"].get("updated", []),
+                                           dict(command=command, commit=meta["commit"],
+                                                date=meta["date"])])
+
+  def merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if previous is None:
+      return rows
+    new = {r["name"]: r for r in rows}
+    old = [r["name"] for r in previous["rows"]]
+    return ([new.get(r["name"], r) for r in previous["rows"]]
+            + [r for r in rows if r["name"] not in old])
+
   rows: list[dict[str, Any]] = []
   for k, entry in enumerate(entries):
     log(f"{k + 1}/{len(entries)} {entry.name}")
@@ -171,8 +188,9 @@ def main() -> None:
                        fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
     log(f"   {json.dumps(rows[-1])}")
     # Written after every step: a run stopped early keeps what it measured.
-    (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-  text = render(meta, rows)
+    (out / f"{stem}.json").write_text(json.dumps(dict(meta=meta, rows=merged(rows)), indent=1)
+                                      + "\n")
+  text = render(meta, merged(rows))
   (out / f"{stem}.md").write_text(text)
   print(text)
 
