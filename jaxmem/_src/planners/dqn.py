@@ -21,9 +21,9 @@ paper of ``docs/design.md``'s bibliography). What it does, section by section:
   starts while it is read), remove for recomputation (the free node after
   it) or do nothing (node 0). An idle stretch takes at most one action
   (a value removed cannot be offloaded, and vice versa). Swap-in and
-  recomputation timing are not actions: a fetch starts as late as still
-  hides its copy behind the ops before the next read, and no earlier than the
-  limit allows (§4.5's rule); a recomputation runs just before the read.
+  recomputation timing are not actions: the schedule issues a fetch a window
+  ahead of the next read, within the limit, and runs a recomputation just
+  before the read.
 * §4.6 **transitions**, §4.7 **rewards**, §4.8 **environment**: jaxmem's
   simulator applied one action at a time (:class:`MemoryEnv`). Each action
   moves the agent past its node; the live bytes per op position and the
@@ -35,18 +35,19 @@ paper of ``docs/design.md``'s bibliography). What it does, section by section:
   (§4.5). The reward is minus the step time the action added (stalls,
   recomputation), as a fraction of the unplanned step.
 * §4.10 **fitted Q-iteration** (Algorithm 1): ε-greedy episodes with
-  ``ε = 1 - episode / l``, every transition into an experience-replay set, a
-  minibatch SGD step (Adam, optax) on ``(y - Q)^2`` with the target
+  ``ε = 1 - episode / l``, every transition into an experience-replay set,
+  minibatch SGD steps (Adam, optax) on ``(y - Q)^2`` with the target
   ``y = r + γ max_a' Q(g', s_a')`` held constant, after each action.
 * Figure 3: the planner returns the best strategy found over the episodes.
 
-The paper's Algorithm 1 computes the target of eq. (5) with the weights it
-updates; here with a copy renewed every 50 updates (Mnih et al.'s target
-network). With the live weights, the maximum over noisy Q values of the
-next state overestimated doing nothing until it ranked above every action
-on the 6-layer MLP of ``tests/planners/test_dqn.py``.
-
 Where jaxmem departs from the paper, and why:
+
+* The target of eq. (5) is computed with a copy of the weights renewed every
+  50 updates (Mnih et al.'s target network), not with the weights being
+  updated, and ``updates_per_step`` (default 4) minibatch steps follow each
+  action, not one. With the live weights, the maximum over noisy Q values
+  of the next state overestimated doing nothing until it ranked above every
+  action on the 6-layer MLP of ``tests/planners/test_dqn.py``.
 
 * An action node's cost features are those of its own action (the copy
   time on a swap-out's node, the recomputation time, companions included,
@@ -58,11 +59,10 @@ Where jaxmem departs from the paper, and why:
   could not learn that a swap-out occupies the copy stream for the next one.
 * A seventh node feature, ``load``: the estimated live bytes at the node's
   op position minus the limit, as a fraction of the unplanned peak
-  (``paper_features=True`` leaves it 0). The paper's six features say nothing of where memory is over the
-  limit, which changes with every action; on a 3-layer MLP whose only
-  fitting plans remove two particular values, the agent with the six
-  features did not find one in 40 episodes (``tests/planners/test_dqn.py``).
-
+  (``paper_features=True`` leaves it 0). The paper's six features say
+  nothing of where memory is over the limit, which changes with every
+  action: the state after an action that fits and after one that does not
+  differed only in which node was taken.
 * The operation sequence is the analyzed program's (jaxpr ops in XLA's order,
   live bytes from jaxmem's estimate, times from jaxmem's simulator), not a
   trace of a running step: the paper traces one iteration on the GPU; jaxmem
