@@ -25,7 +25,7 @@ from jaxmem._src.ir.primitives import Fusion
 from jaxmem._src.ir.program import Phase, Role
 from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
-from jaxmem._src.plan.schedule import CopyMode, StepKind, Window, build_schedule
+from jaxmem._src.plan.schedule import CopyMode, Schedule, StepKind, Window, build_schedule
 from jaxmem._src.planners.chains import ChainState, find_chain
 
 CANDIDATE_ROLES = frozenset({Role.ACTIVATION, Role.TEMPORARY, Role.GRADIENT})
@@ -229,12 +229,17 @@ def position_profile(program: AnalyzedProgram, decisions: Sequence[Decision] = (
                      pinned: Sequence[int] = ()) -> tuple[np.ndarray, int]:
   """Estimated live bytes just at each op position (compute steps only), and the peak."""
   schedule = build_schedule(program, tuple(decisions), tuple(pinned))
+  return live_by_position(schedule), schedule.profile().peak_bytes
+
+
+def live_by_position(schedule: Schedule) -> np.ndarray:
+  """Estimated live bytes at each op position of ``schedule``'s program (its compute steps only)."""
   prof = schedule.profile()
-  out = np.zeros(program.num_ops, dtype=np.int64)
+  out = np.zeros(schedule.program.num_ops, dtype=np.int64)
   for i, st in enumerate(schedule.steps):
     if st.kind is StepKind.COMPUTE and not st.recompute:
       out[st.op] = max(out[st.op], prof.live_bytes[i])
-  return out, prof.peak_bytes
+  return out
 
 
 def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes: int, name: str,

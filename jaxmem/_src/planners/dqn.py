@@ -122,7 +122,7 @@ from jaxmem._src.estimate.analysis import AnalyzedProgram
 from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
-from jaxmem._src.plan.schedule import CopyMode, StepKind, Window
+from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.plan.simulate import op_start_times, simulate
 from jaxmem._src.planners import common
 
@@ -423,6 +423,9 @@ class MemoryEnv:
     self._points = np.array(sorted({int(graph.positions[c.node]) for c in graph.candidates}),
                             dtype=np.int64)
     self._node_positions = graph.positions[1:]
+    self._at: dict[int, list[Candidate]] = {}          # the candidates at each decision point
+    for c in graph.candidates:
+      self._at.setdefault(int(graph.positions[c.node]), []).append(c)
     self.state = self.reset()
 
   def evaluate(self, chosen: Sequence[int]) -> tuple[np.ndarray, float, Plan]:
@@ -430,16 +433,9 @@ class MemoryEnv:
     key = frozenset(chosen)
     found = self._memo.get(key)
     if found is None:
-      decisions = _decisions(self.graph, sorted(key))
-      plan = Plan(self._program, decisions, self._budget, 0, self._program.profile.peak_bytes,
-                  "dqn", self._pinned, self._copies, self._window)
-      schedule = plan.schedule()
-      prof = schedule.profile()
-      live = np.zeros(self._program.num_ops, dtype=np.float64)
-      for i, st in enumerate(schedule.steps):
-        if st.kind is StepKind.COMPUTE and not st.recompute:
-          live[st.op] = max(live[st.op], prof.live_bytes[i])
-      plan = plan.replace(estimated_peak_bytes=prof.peak_bytes)
+      plan = common.finish(self._program, _decisions(self.graph, sorted(key)), self._budget,
+                           "dqn", self._pinned, copies=self._copies, window=self._window)
+      live = common.live_by_position(plan.schedule()).astype(np.float64)
       found = self._memo[key] = (live, simulate(plan, self._device).step_time_s, plan)
     return found
 
@@ -458,8 +454,7 @@ class MemoryEnv:
 
   def _open(self, p: int) -> list[Candidate]:
     used = self.state.used
-    return [c for c in self.graph.candidates
-            if self.graph.positions[c.node] == p and (c.decision.var, c.decision.start) not in used]
+    return [c for c in self._at.get(p, ()) if (c.decision.var, c.decision.start) not in used]
 
   def valid_nodes(self) -> np.ndarray:
     """Action nodes valid now (node 0, doing nothing, always is)."""
@@ -853,14 +848,13 @@ def dqn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, 
     plans.append(plan)
     returns.append(ret)
     fits.append(plan.estimated_peak_bytes <= budget_bytes)
-    overheads.append(step_s / unplanned_s - 1.0)
+    overheads.append(step_s / env.step_s - 1.0)   # env.step_s: the unplanned step
     if progress:
       print(f"[jaxmem] dqn: episode {index}/{episodes + 1}: return {ret:+.3f}, "
             f"{len(env.state.chosen)} actions, estimated peak "
             f"{plan.estimated_peak_bytes / 2**20:.1f} MiB ({'fits' if fits[-1] else 'over'}), "
             f"overhead {overheads[-1]:+.1%}", file=sys.stderr, flush=True)
 
-  unplanned_s = simulate(None, device, schedule=env.evaluate(())[2].schedule()).unplanned_time_s
   agent.run(env, episodes, on_episode=on_episode)
   # Figure 3: the best strategy found. Fitting plans by simulated overhead,
   # the others by estimated peak; ties to the earlier episode.
