@@ -19,9 +19,14 @@ goal="fit")``, stopped at ``--fit-time-limit``), beside best-fit: the generated 
 ``tiling`` (:func:`jaxmem.dsa.tiling_instance`) and ``program``
 (:func:`jaxmem.dsa.program_instance`), which come with a placement at capacity, and, with
 ``--suite DIR``, the public suite's own CSV files (``*.<capacity>.csv``, not shipped here).
+With ``--minimalloc BINARY`` MiniMalloc's own solver (a binary built from google/minimalloc,
+not shipped here) packs the same instances under the same time limit, side by side; its
+placements are checked like ours. A last table says what each family looks like beyond the
+statistics the suite is described by (load over time, shared start/end times, crossing
+lifetimes).
 
 Writes bench/results/dsa.{json,md,png}. Run: ``python bench/dsa_bench.py [--quick]
-[--time-limit S] [--fit-time-limit S] [--suite DIR]`` (about 1.5 minutes for the first table,
+[--time-limit S] [--fit-time-limit S] [--suite DIR] [--minimalloc BINARY]`` (about 1.5 minutes for the first table,
 up to 16 x ``--fit-time-limit`` for the second, on 2 cores).
 """
 
@@ -32,7 +37,9 @@ import datetime
 import json
 import pathlib
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -136,7 +143,61 @@ def challenging_instances(quick: bool, suite: str | None):
       yield f"suite/{path.name.split('.')[0]}", "suite", (inst.lower, inst.upper, inst.size), capacity
 
 
-def run_challenging(quick: bool, time_limit: float, suite: str | None) -> list[dict]:
+def character(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacity: int) -> dict:
+  """What an instance looks like beyond the statistics the suite is described by.
+
+  ``mean_load``: time-averaged live bytes / capacity; ``times_per_buffer``:
+  distinct start and end times per buffer (a compiled program's ops each
+  allocate and free several buffers at once); ``buffers_per_lifetime``: buffers
+  per distinct ``[lower, upper)``; ``crossing``: the fraction of the pairs live
+  at a common time whose lifetimes cross (neither contains the other: a
+  stack discipline has none).
+  """
+  lower, upper, size = (np.asarray(a, dtype=np.int64) for a in (lower, upper, size))
+  times = np.unique(np.concatenate([lower, upper]))
+  lo_i, up_i = np.searchsorted(times, lower), np.searchsorted(times, upper)
+  live = np.zeros(len(times), dtype=np.float64)
+  for a, b, s in zip(lo_i, up_i, size):
+    live[a:b] += s
+  width = np.diff(times)
+  overlap = (lower[:, None] < upper[None, :]) & (lower[None, :] < upper[:, None])
+  nested = (((lower[:, None] <= lower[None, :]) & (upper[None, :] <= upper[:, None]))
+            | ((lower[None, :] <= lower[:, None]) & (upper[:, None] <= upper[None, :])))
+  pairs = np.triu(overlap, 1)
+  crossing = float((pairs & ~nested).sum() / max(1, pairs.sum()))
+  return dict(mean_load=float((live[:-1] * width).sum() / width.sum() / capacity),
+              times_per_buffer=len(times) / len(size),
+              buffers_per_lifetime=len(size) / len(set(zip(lower.tolist(), upper.tolist()))),
+              crossing=crossing)
+
+
+def run_minimalloc(binary: str, lower, upper, size, capacity: int, time_limit: float) -> dict:
+  """MiniMalloc's own solver (a binary built from google/minimalloc) on one instance.
+
+  Its placement is read back and checked with :func:`jaxmem.dsa.check`; the
+  time is the wall time of the process (reading the CSV included, which is
+  about a millisecond).
+  """
+  with tempfile.TemporaryDirectory() as tmp:
+    src, dst = pathlib.Path(tmp) / "in.csv", pathlib.Path(tmp) / "out.csv"
+    dsa.write_csv(src, lower, upper, size)
+    t = time.perf_counter()
+    proc = subprocess.run([binary, f"--capacity={capacity}", f"--input={src}", f"--output={dst}",
+                           f"--timeout={time_limit:g}s"], capture_output=True, text=True,
+                          timeout=time_limit + 60)
+    seconds = time.perf_counter() - t
+    packed = False
+    if proc.returncode == 0 and dst.exists():
+      out = dsa.read_csv(dst)
+      if out.offsets is not None:
+        order = np.argsort(out.ids)
+        packed = dsa.check(out.lower[order], out.upper[order], out.size[order],
+                           out.offsets[order]) <= capacity
+  return dict(mm_packed=packed, mm_seconds=seconds)
+
+
+def run_challenging(quick: bool, time_limit: float, suite: str | None,
+                    minimalloc: str | None = None) -> list[dict]:
   rows = []
   for name, family, (lower, upper, size), capacity in challenging_instances(quick, suite):
     print(f"[{name}] n={len(size)} packing at {capacity:,} ...", file=sys.stderr, flush=True)
@@ -150,7 +211,10 @@ def run_challenging(quick: bool, time_limit: float, suite: str | None) -> list[d
         instance=name, family=family, n=len(size), capacity=capacity,
         max_load_ratio=sol.max_load / capacity, best_fit_ratio=bf.footprint / capacity,
         best_fit_s=bf.seconds, packed=footprint <= capacity, footprint_ratio=footprint / capacity,
-        seconds=sol.seconds, nodes=sol.nodes, method=sol.method))
+        seconds=sol.seconds, nodes=sol.nodes, method=sol.method,
+        **character(lower, upper, size, capacity)))
+    if minimalloc:
+      rows[-1].update(run_minimalloc(minimalloc, lower, upper, size, capacity, time_limit))
   return rows
 
 
@@ -166,16 +230,43 @@ def challenging_markdown(rows: list[dict], time_limit: float) -> str:
        "(`dsa.program_instance`); both come with a placement at capacity, so every one is "
        "feasible. `suite`: the public files (`--suite`)."), "",
       "| instance | n | max load / capacity | best-fit / capacity | packed at capacity | "
-      "footprint / capacity | seconds | nodes | found by |",
-      "|---|---|---|---|---|---|---|---|---|",
+      "footprint / capacity | seconds | nodes | found by | MiniMalloc packed | MiniMalloc s |",
+      "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
+    mm = (("yes" if r["mm_packed"] else "no", f"{r['mm_seconds']:.2f}") if "mm_packed" in r
+          else ("-", "-"))
     lines.append(
         f"| {r['instance']} | {r['n']} | {r['max_load_ratio']:.4f} | {r['best_fit_ratio']:.4f} | "
         f"{'yes' if r['packed'] else 'no'} | {r['footprint_ratio']:.4f} | {r['seconds']:.2f} | "
-        f"{r['nodes']:,} | {r['method']} |")
-  lines += ["", challenging_summary(rows, time_limit)]
+        f"{r['nodes']:,} | {r['method']} | {mm[0]} | {mm[1]} |")
+  lines += ["", challenging_summary(rows, time_limit), "", character_markdown(rows)]
   return "\n".join(lines) + "\n"
+
+
+def character_markdown(rows: list[dict]) -> str:
+  """Per family, the structure the suite is not described by (see :func:`character`)."""
+  lines = [
+      "What the instances look like beyond the statistics the suite is described by "
+      "(`character` in this script; per family: the range over its instances):", "",
+      "| family | mean load / capacity | distinct times per buffer | buffers per lifetime | "
+      "crossing lifetimes (of pairs live together) | packed by jaxmem | packed by MiniMalloc |",
+      "|---|---|---|---|---|---|---|"]
+  for family in ("suite", "tiling", "program"):
+    sub = [r for r in rows if r["family"] == family]
+    if not sub:
+      continue
+
+    def span(key: str, sub: list[dict] = sub) -> str:
+      v = [r[key] for r in sub]
+      return f"{min(v):.2f} to {max(v):.2f}"
+
+    mm = (f"{sum(r['mm_packed'] for r in sub)} of {len(sub)}" if all("mm_packed" in r for r in sub)
+          else "-")
+    lines.append(f"| {family} | {span('mean_load')} | {span('times_per_buffer')} | "
+                 f"{span('buffers_per_lifetime')} | {span('crossing')} | "
+                 f"{sum(r['packed'] for r in sub)} of {len(sub)} | {mm} |")
+  return "\n".join(lines)
 
 
 def challenging_summary(rows: list[dict], time_limit: float) -> str:
@@ -188,8 +279,17 @@ def challenging_summary(rows: list[dict], time_limit: float) -> str:
     times = sorted(r["seconds"] for r in packed)
     took = (f", in {times[0]:.2f} to {times[-1]:.2f} s (median "
             f"{float(np.median(times)):.2f} s)" if times else "")
-    out.append(f"* {family}: {len(packed)} of {len(sub)} packed at capacity within "
-               f"{time_limit:g} s{took}; best-fit packs {sum(r['best_fit_ratio'] <= 1 for r in sub)}.")
+    line = (f"* {family}: {len(packed)} of {len(sub)} packed at capacity within "
+            f"{time_limit:g} s{took}; best-fit packs {sum(r['best_fit_ratio'] <= 1 for r in sub)}")
+    if all("mm_packed" in r for r in sub):
+      mm = [r for r in sub if r["mm_packed"]]
+      both = [r for r in sub if r["mm_packed"] and r["packed"]]
+      line += f"; MiniMalloc (its own binary, same limit) packs {len(mm)}"
+      if both:
+        ratio = [r["mm_seconds"] / max(r["seconds"], 1e-3) for r in both]
+        line += (f", and where both pack, MiniMalloc takes {min(ratio):.1f}x to {max(ratio):.1f}x "
+                 f"jaxmem's time (median {float(np.median(ratio)):.1f}x)")
+    out.append(line + ".")
   return "\n".join(out)
 
 
@@ -281,12 +381,15 @@ def main() -> None:
                       help="seconds for each packing at capacity (default 20)")
   parser.add_argument("--suite", default=None,
                       help="a folder of the public challenging suite's CSV files")
+  parser.add_argument("--minimalloc", default=None, metavar="BINARY",
+                      help="MiniMalloc's own solver (built from google/minimalloc; not shipped "
+                           "here), run side by side on the packing instances")
   parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
   args = parser.parse_args()
   t0 = time.perf_counter()
   rows = run(args.quick, args.time_limit)
-  packing = run_challenging(args.quick, args.fit_time_limit, args.suite)
-  meta = dict(time_limit_s=args.time_limit, fit_time_limit_s=args.fit_time_limit,
+  packing = run_challenging(args.quick, args.fit_time_limit, args.suite, args.minimalloc)
+  meta = dict(minimalloc=bool(args.minimalloc), time_limit_s=args.time_limit, fit_time_limit_s=args.fit_time_limit,
               machine=platform.machine(),
               python=platform.python_version(), numpy=np.__version__,
               date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
