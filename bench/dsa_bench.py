@@ -16,8 +16,9 @@ A second table packs instances of the character of the public "challenging" stat
 suite (published with MiniMalloc, Moffitt, ASPLOS 2023: 150-450 buffers on a 2**20 time axis,
 1 MiB capacity, max load at or within 6% of it) at their capacity (``solve(capacity=...,
 goal="fit")``, stopped at ``--fit-time-limit``), beside best-fit: the generated families
-``tiling`` (:func:`jaxmem.dsa.tiling_instance`) and ``program``
-(:func:`jaxmem.dsa.program_instance`), which come with a placement at capacity, and, with
+``tiling`` (:func:`jaxmem.dsa.tiling_instance`), ``program``
+(:func:`jaxmem.dsa.program_instance`) and ``grouped`` (the same, ``grouped=True``: ops
+allocate and free several buffers at once), which come with a placement at capacity, and, with
 ``--suite DIR``, the public suite's own CSV files (``*.<capacity>.csv``, not shipped here).
 With ``--minimalloc BINARY`` MiniMalloc's own solver (a binary built from google/minimalloc,
 not shipped here) packs the same instances under the same time limit, side by side; its
@@ -27,13 +28,14 @@ lifetimes).
 
 Writes bench/results/dsa.{json,md,png}. Run: ``python bench/dsa_bench.py [--quick]
 [--time-limit S] [--fit-time-limit S] [--suite DIR] [--minimalloc BINARY]`` (about 1.5 minutes for the first table,
-up to 16 x ``--fit-time-limit`` for the second, on 2 cores).
+up to 24 x ``--fit-time-limit`` for the second, on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import pathlib
 import platform
@@ -132,7 +134,9 @@ GENERATED_SEEDS = tuple(range(8))
 
 def challenging_instances(quick: bool, suite: str | None):
   seeds = GENERATED_SEEDS[:2] if quick else GENERATED_SEEDS
-  for family, make in (("tiling", dsa.tiling_instance), ("program", dsa.program_instance)):
+  grouped = functools.partial(dsa.program_instance, grouped=True)
+  for family, make in (("tiling", dsa.tiling_instance), ("program", dsa.program_instance),
+                       ("grouped", grouped)):
     for seed in seeds:
       inst = make(seed)
       yield f"{family}/s{seed}", family, (inst.lower, inst.upper, inst.size), inst.capacity
@@ -227,8 +231,10 @@ def challenging_markdown(rows: list[dict], time_limit: float) -> str:
        "`dsa.check`. `tiling`: guillotine tilings of time x capacity with buffers dropped off "
        "the peak (`dsa.tiling_instance`); `program`: a program's allocations run in the "
        "capacity with random placement, its free gaps filled at a few ops "
-       "(`dsa.program_instance`); both come with a placement at capacity, so every one is "
-       "feasible. `suite`: the public files (`--suite`)."), "",
+       "(`dsa.program_instance`); `grouped`: the same with ops that allocate and free several "
+       "buffers at once, as compiled programs do (`dsa.program_instance(grouped=True)`); all "
+       "come with a placement at capacity, so every one is feasible. `suite`: the public "
+       "files (`--suite`)."), "",
       "| instance | n | max load / capacity | best-fit / capacity | packed at capacity | "
       "footprint / capacity | seconds | nodes | found by | MiniMalloc packed | MiniMalloc s |",
       "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -252,7 +258,7 @@ def character_markdown(rows: list[dict]) -> str:
       "| family | mean load / capacity | distinct times per buffer | buffers per lifetime | "
       "crossing lifetimes (of pairs live together) | packed by jaxmem | packed by MiniMalloc |",
       "|---|---|---|---|---|---|---|"]
-  for family in ("suite", "tiling", "program"):
+  for family in ("suite", "tiling", "program", "grouped"):
     sub = [r for r in rows if r["family"] == family]
     if not sub:
       continue
@@ -271,7 +277,7 @@ def character_markdown(rows: list[dict]) -> str:
 
 def challenging_summary(rows: list[dict], time_limit: float) -> str:
   out = []
-  for family in ("suite", "tiling", "program"):
+  for family in ("suite", "tiling", "program", "grouped"):
     sub = [r for r in rows if r["family"] == family]
     if not sub:
       continue
@@ -407,8 +413,8 @@ def main() -> None:
              f"the exact search stopped after {meta['time_limit_s']:g} s; the slowest exact "
              f"solve of a jaxmem trace took {trace_ms:.1f} ms.\n\n" + summary(rows)
              + "\n\nPacking at capacity instances of the public challenging suite's character "
-             "(`suite`: its own files; `tiling`, `program`: generated, with a placement at "
-             "capacity):\n\n" + challenging_summary(packing, args.fit_time_limit))
+             "(`suite`: its own files; `tiling`, `program`, `grouped`: generated, with a placement "
+             "at capacity):\n\n" + challenging_summary(packing, args.fit_time_limit))
   print(f"wrote {write_excerpt('dsa_bench', excerpt, out)}")
   if plot(rows, out / "dsa.png"):
     print(f"wrote {out / 'dsa.png'}")

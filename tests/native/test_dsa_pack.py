@@ -28,7 +28,11 @@ def _dict(inst: dsa.Instance) -> dict:
   return dict(lower=inst.lower, upper=inst.upper, size=inst.size)
 
 
-@pytest.mark.parametrize("make", [dsa.tiling_instance, dsa.program_instance])
+def _grouped(seed, **kw):
+  return dsa.program_instance(seed, grouped=True, **kw)
+
+
+@pytest.mark.parametrize("make", [dsa.tiling_instance, dsa.program_instance, _grouped])
 @pytest.mark.parametrize("seed", range(4))
 def test_generated_instances_have_the_challenging_suites_character(make, seed):
   inst = make(seed)
@@ -48,6 +52,21 @@ def test_generated_instances_have_the_challenging_suites_character(make, seed):
   assert all((a == b).all() for a, b in zip(inst[:3], again[:3]))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_grouped_instances_share_times_as_compiled_programs_do(seed):
+  # The public suite: 0.47 to 0.63 distinct times per buffer, 1.25 to 1.51
+  # buffers per lifetime (bench/results/dsa.md); a plain program instance has
+  # about 1.9 and exactly 1.
+  for grouped in (False, True):
+    inst = dsa.program_instance(seed, grouped=grouped)
+    times = len(np.unique(np.concatenate([inst.lower, inst.upper]))) / len(inst.size)
+    per_lifetime = len(inst.size) / len(set(zip(inst.lower.tolist(), inst.upper.tolist())))
+    if grouped:
+      assert times < 0.7 and per_lifetime > 1.15
+    else:
+      assert times > 1.5 and per_lifetime == 1.0
+
+
 def test_generators_check_their_arguments():
   with pytest.raises(ValueError, match="capacity"):
     dsa.tiling_instance(0, capacity=1000)
@@ -60,9 +79,9 @@ def test_generators_check_their_arguments():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(5, 40), st.sampled_from(["tiling", "program"]))
+@given(st.integers(0, 10_000), st.integers(5, 40), st.sampled_from(["tiling", "program", "grouped"]))
 def test_small_generated_instances_are_packed_at_capacity(seed, n, family):
-  make = dsa.tiling_instance if family == "tiling" else dsa.program_instance
+  make = {"tiling": dsa.tiling_instance, "program": dsa.program_instance, "grouped": _grouped}[family]
   inst = make(seed, num_buffers=n)
   r = _pack(_dict(inst), inst.capacity, time_limit_s=20.0)
   # Small instances finish: a complete search cannot call a feasible one infeasible.
