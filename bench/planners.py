@@ -8,6 +8,8 @@ is within the budget) and the overhead :func:`jaxmem.simulate` predicts on
 004). Baselines in the same table: plain ``jax.jit`` and the step with every
 block under ``nn.remat`` with JAX's ``nothing_saveable`` and ``dots_saveable``
 policies (what users pick by hand), analysed and simulated the same way.
+``dqn``'s plan time includes its training on the program (30 episodes; see
+bench/dqn_bench.py for its greedy and fine-tuned variants).
 
 Part 2: a ResNet-50 train step (224x224, batch 64, shape-only arguments) at
 half its estimated peak, every planner beside the papers' own claims.
@@ -37,7 +39,8 @@ import jaxmem  # noqa: E402
 from _results import write_excerpt  # noqa: E402
 from jaxmem._src.planners.registry import PLANNERS  # noqa: E402
 
-PLANNER_NAMES = ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "optimal", "auto")
+PLANNER_NAMES = ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "optimal", "dqn",
+                 "auto")
 DEVICES = ("h100-pcie", "v100", "k40")
 FRACTIONS = (0.9, 0.7, 0.5, 0.3)
 CLAIMS = {
@@ -46,6 +49,8 @@ CLAIMS = {
     "autoswap": "AutoSwap (Zhang et al.): ResNet50 4418 -> 2906 MB load (-34.2%) at no overhead (1080 Ti)",
     "window": "Hayakawa et al.: ResNet-50 batch 1440 at 55% of baseline speed (V100)",
     "segments": "Chen et al. 2016: O(sqrt n) memory for one extra forward pass (~30%)",
+    "dqn": ("DQN planner: less overhead and more memory saved than MXNet-memonger, SuperNeurons "
+            "and TFLMS on ResNet, VGG, UNet, LSTM (its Figure 5; no figures in the text)"),
 }
 
 
@@ -141,7 +146,7 @@ def part3(quick):
     ref = jax.jit(step)
     jax.block_until_ready(ref(*args))
     for frac in fractions:
-      for name in ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "auto"):
+      for name in ("greedy", "segments", "vdnn", "layrub", "autoswap", "window", "dqn", "auto"):
         log(f"[cpu {label}] {frac} {name} ...")
         t = time.perf_counter()
         try:

@@ -103,6 +103,17 @@ Where jaxmem departs from the paper, and why:
   rather than starts from scratch (the transfer the paper claims for its
   graph embedding, §4.4.2).
 
+Where it loses, and why (``bench/results/dqn.md``, ``bench/results/dqn_paper.md``):
+the per-value action space itself, not the learning. With every swap-out
+action taken, and with every remove action taken, the estimated peak of
+ResNet-18 and ResNet-34 (CIFAR-sized, batch 32) stays at 1.04 to 1.06 of the
+unplanned one, VGG-16's at 0.86 and 0.77, so budgets of 0.9 (ResNet) and
+0.7 (VGG-16) are out of reach whatever the network learns; `auto` fits them
+with `segments` (ResNet: whole stretches of the forward pass recomputed,
+values XLA fuses included) and AutoSwap (VGG-16 at 0.7: its candidates are
+every value live across the peak, fused ones included). Actions on fused
+values too did not change that on the GPT example (above).
+
 flax and optax are needed (``pip install "jaxmem[dqn]"``); they are imported
 when the planner runs, not when jaxmem is.
 """
