@@ -153,10 +153,11 @@ def main() -> None:
   args.out = args.out or str(out_default)
   rows = []
   # Pre-training on the small MLP (the fine-tuned rows start from it).
-  import mlp
-  step, sargs = mlp.build(batch_size=1024, width=256, depth=4)
-  small = jaxmem.analyze(step, *sargs)
   pre = {}
+  if args.finetune:
+    import mlp
+    step, sargs = mlp.build(batch_size=1024, width=256, depth=4)
+    small = jaxmem.analyze(step, *sargs)
   for device in devices if args.finetune else ():
     t = time.perf_counter()
     w = None

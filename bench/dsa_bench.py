@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem
 from jaxmem import dsa
+from jaxmem._src.native.dsa_instances import live_by_time  # noqa: E402
 from _results import write_excerpt  # noqa: E402
 
 RANDOM_SIZES = (50, 200, 1000, 5000)
@@ -143,16 +144,15 @@ def challenging_instances(quick: bool, suite: str | None):
       inst = make(seed)
       yield f"{family}/s{seed}", family, (inst.lower, inst.upper, inst.size), inst.capacity
   if suite:
-    paths = sorted(pathlib.Path(suite).glob("*.csv"))
-    for split in (False, True):
-      for path in paths:
-        capacity = int(path.suffixes[-2].lstrip(".")) if len(path.suffixes) >= 2 else 1 << 20
-        inst = dsa.read_csv(path)
-        arrays = (inst.lower, inst.upper, inst.size)
-        family = "suite-split" if split else "suite"
-        if split:
-          arrays = split_large(*arrays, capacity)
-        yield f"{family}/{path.name.split('.')[0]}", family, arrays, capacity
+    files = []   # (name, arrays, capacity), each file read once
+    for path in sorted(pathlib.Path(suite).glob("*.csv")):
+      capacity = int(path.suffixes[-2].lstrip(".")) if len(path.suffixes) >= 2 else 1 << 20
+      inst = dsa.read_csv(path)
+      files.append((path.name.split(".")[0], (inst.lower, inst.upper, inst.size), capacity))
+    for name, arrays, capacity in files:
+      yield f"suite/{name}", "suite", arrays, capacity
+    for name, arrays, capacity in files:
+      yield f"suite-split/{name}", "suite-split", split_large(*arrays, capacity), capacity
 
 
 def split_large(lower, upper, size, capacity: int, fraction: float = 0.1):
@@ -181,11 +181,7 @@ def character(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacity: 
   stack discipline has none).
   """
   lower, upper, size = (np.asarray(a, dtype=np.int64) for a in (lower, upper, size))
-  times = np.unique(np.concatenate([lower, upper]))
-  lo_i, up_i = np.searchsorted(times, lower), np.searchsorted(times, upper)
-  live = np.zeros(len(times), dtype=np.float64)
-  for a, b, s in zip(lo_i, up_i, size):
-    live[a:b] += s
+  times, _, _, live = live_by_time(lower, upper, size)
   width = np.diff(times)
   overlap = (lower[:, None] < upper[None, :]) & (lower[None, :] < upper[:, None])
   nested = (((lower[:, None] <= lower[None, :]) & (upper[None, :] <= upper[:, None]))

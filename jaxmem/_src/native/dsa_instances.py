@@ -156,6 +156,20 @@ def _draw(seed: int, num_buffers: int | None, capacity: int, horizon: int, slack
   return rng, n, float(slack)
 
 
+def live_by_time(lower: np.ndarray, upper: np.ndarray, size: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """The distinct times, each buffer's first and end index among them, and the live bytes.
+
+  ``live[k]`` is the bytes live on ``[times[k], times[k + 1])`` (0 at the last time).
+  """
+  times = np.unique(np.concatenate([lower, upper]))
+  lo_idx, up_idx = np.searchsorted(times, lower), np.searchsorted(times, upper)
+  live = np.zeros(len(times), dtype=np.int64)
+  for a, b, s in zip(lo_idx, up_idx, size):
+    live[a:b] += s
+  return times, lo_idx, up_idx, live
+
+
 def _drop_within(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacity: int,
                  slack: float, rng: np.random.Generator) -> np.ndarray:
   """Indexes of the buffers kept after dropping some live at the peak, the max load staying >= (1 - slack) * capacity.
@@ -164,12 +178,7 @@ def _drop_within(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacit
   load and keeps it above the floor; so the max load ends between the floor
   and the capacity, and the tiling still fits.
   """
-  times = np.unique(np.concatenate([lower, upper]))
-  live = np.zeros(len(times), dtype=np.int64)   # live bytes on [times[k], times[k+1])
-  lo_idx = np.searchsorted(times, lower)
-  up_idx = np.searchsorted(times, upper)
-  for a, b, s in zip(lo_idx, up_idx, size):
-    live[a:b] += s
+  _, lo_idx, up_idx, live = live_by_time(lower, upper, size)
   floor = int(np.ceil((1.0 - slack) * capacity))
   keep = np.ones(len(size), dtype=bool)
   for _ in range(len(size)):
@@ -187,11 +196,7 @@ def _drop_within(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, capacit
 def _drop_off_peak(lower: np.ndarray, upper: np.ndarray, size: np.ndarray, n: int,
                    rng: np.random.Generator, index: np.ndarray) -> np.ndarray:
   """``index`` less random buffers not live at the busiest time nor at a few random times, down to ``n``."""
-  times = np.unique(np.concatenate([lower, upper]))
-  live = np.zeros(len(times), dtype=np.int64)
-  lo_idx, up_idx = np.searchsorted(times, lower), np.searchsorted(times, upper)
-  for a, b, s in zip(lo_idx, up_idx, size):
-    live[a:b] += s
+  times, lo_idx, up_idx, live = live_by_time(lower, upper, size)
   peaks = [int(np.argmax(live))] + [int(t) for t in rng.integers(0, len(times) - 1,
                                                                   int(rng.integers(0, 5)))]
   protected = np.zeros(len(size), dtype=bool)
