@@ -280,9 +280,11 @@ def test_xla_stores_a_value_it_would_emit_more_than_fifteen_times_in_one_fusion(
   # refuses more than 15 (`kAllowedCodeDuplication`) and stores it instead.
   assert estimate(_lattice(15, shared_root=True))[1][1]
   assert not estimate(_lattice(16, shared_root=True))[1][1]
-  # In k fusions of their own (one reduce per slice), it is emitted once in
-  # each: a copy per fusion, never stored.
-  assert estimate(_lattice(16, shared_root=False))[1][1]
+  # In k fusions of their own (one reduce per slice): XLA:CPU's reduction
+  # fusions take no operand another fusion reads, so it is stored for them
+  # (`_closed_readers`); other compilers duplicate it, a copy per fusion.
+  assert not estimate(_lattice(16, shared_root=False))[1][1]
+  assert estimate(dataclasses.replace(_lattice(16, shared_root=False), indexing=None))[1][1]
   # Without the model (other compilers) it is always fused.
   assert estimate(dataclasses.replace(_lattice(16, shared_root=True), indexing=None))[1][1]
 
@@ -292,3 +294,71 @@ def test_xla_fuses_a_pad_or_concatenate_only_where_it_is_emitted_once():
   # Its code branches (`OpInvalidatesCache`): two indexing users in one fusion store it.
   assert estimate(_lattice(1, shared_root=True, producer_index=INDEX_BRANCHES))[1][1]
   assert not estimate(_lattice(2, shared_root=True, producer_index=INDEX_BRANCHES))[1][1]
+
+
+def _same(n):
+  from jaxmem._src.estimate.xla_model import INDEX_SAME
+  return [INDEX_SAME] * n
+
+
+def test_a_value_a_reduction_and_another_fusion_read_is_stored_for_the_reduction_only():
+  # x (arg 0) -> a = cheap(x) (step 0) read by r = reduce(a) (step 1) and by
+  # b = cheap(a) (step 2), which a matmul reads (step 3). XLA:CPU stores `a`
+  # for the reduction's fusion and, `a` being unary, recomputes it inside
+  # b's fusion from x: `a` lives until the reduction, x until step 2.
+  flow = _flow([C, R, C, M], [[0], [1], [1], [3]], [[1], [2], [3], [4]], [64, 64, 4, 64, 4],
+               materialized=[0, 4], indexing=_same(4))
+  prof, virtual = estimate(flow)
+  assert not virtual[1] and not virtual[3]
+  assert prof.intervals[1] == (0, 1) and prof.intervals[0][1] >= 2
+  # Other compilers: the old rule (a producer is not duplicated into a
+  # reduction among several readers) stores `a` until its last reader.
+  other = estimate(dataclasses.replace(flow, indexing=None))[0]
+  assert other.intervals[1] == (0, 2)
+
+
+def test_a_value_two_reductions_read_through_cheap_steps_is_stored_on_the_cpu():
+  # a = cheap(x, y) (step 0, two full-size operands: not unary) read by
+  # b1 = cheap(a) -> reduce (steps 1, 2) and b2 = cheap(a) -> reduce (3, 4):
+  # two reduction fusions, neither of which takes `a` (the product both
+  # backward sums of a LayerNorm read, stored by XLA:CPU).
+  flow = _flow([C, C, R, C, R], [[0, 1], [2], [3], [2], [5]], [[2], [3], [4], [5], [6]],
+               [64, 64, 64, 64, 4, 64, 4], materialized=[0, 1, 4, 6], indexing=_same(5))
+  _, virtual = estimate(flow)
+  assert virtual.tolist() == [False, False, False, True, False, True, False]
+  # One reduction reading it through both steps: one fusion takes it.
+  one = _flow([C, C, C, C, R], [[0, 1], [2], [2], [3, 4], [5]], [[2], [3], [4], [5], [6]],
+              [64, 64, 64, 64, 64, 64, 4], materialized=[0, 1, 6], indexing=_same(5))
+  assert estimate(one)[1][2]
+  # Other compilers duplicate it.
+  assert estimate(dataclasses.replace(flow, indexing=None))[1][2]
+
+
+def test_a_broadcast_is_stored_where_a_reduction_and_another_fusion_read_it():
+  # Steps 0 and 2 read value 0 broadcast to 64 bytes; step 2's result feeds
+  # a reduction (step 3), step 0's a matmul (step 1). On the CPU the
+  # broadcast is an operand of the reduction's fusion and of another: stored
+  # from step 0 to step 3, where the reduction's fusion reads it. Read only
+  # by fusions without a reduction, it is recomputed in each.
+  kinds = [C, M, C, R]
+  ins, outs = [[0], [1], [0], [3]], [[1], [2], [3], [4]]
+  nb = [4, 64, 4, 64, 4]
+  reads = [[(0, 64)], [], [(0, 64)], []]
+  flow = _flow(kinds, ins, outs, nb, materialized=[0, 2, 4], shared_reads=reads,
+               indexing=_same(4))
+  prof, _ = estimate(flow)
+  assert prof.stored_broadcasts == ((0, 64, 0, 3),)
+  plain = _flow([C, M, C, M], ins, outs, nb, materialized=[0, 2, 4], shared_reads=reads,
+                indexing=_same(4))
+  assert estimate(plain)[0].stored_broadcasts == ()
+
+
+def test_an_in_place_update_shares_its_operand_buffer():
+  # z = zeros (step 0, 64 B) written in place by a scatter (step 1, 64 B):
+  # the two are never live together when the scatter is z's last reader.
+  flow = _flow([M, M, M], [[], [1, 0], [2]], [[1], [2], [3]], [4, 64, 64, 4],
+               materialized=[0, 3])
+  apart = estimate(flow)[0]
+  assert apart.live_bytes[1] == 4 + 64 + 64
+  shared = estimate(dataclasses.replace(flow, in_place=[False, True, False]))[0]
+  assert shared.live_bytes[1] == 4 + 64 and shared.intervals[1] == (0, 0)

@@ -165,6 +165,8 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       forwarded={o: src for op, fw in zip(program.ops, forwards)
                  for o, src in xla_model.forwarded_values(fw, op.inputs, op.outputs).items()},
       epilogues=epilogues, early_copies=early if any(early) else (),
+      in_place=[op.primitive in xla_model.IN_PLACE and bool(op.inputs)
+                and isinstance(op.inputs[0], int) for op in program.ops],
       indexing=indexing or None)
 
 

@@ -36,6 +36,9 @@ class Profile:
       for profiles built from raw intervals.
     virtual: per value id, whether XLA stores no buffer of its own for it (fused
       away, or merged into an identical earlier value by CSE).
+    stored_broadcasts: ``(value id, bytes, first, last)`` of the full-size
+      broadcasts of operands the estimate counts as stored
+      (``Flow.shared_reads``), live from their first reader to their last.
   """
   live_bytes: np.ndarray
   peak_bytes: int
@@ -44,6 +47,7 @@ class Profile:
   holder_bytes: tuple[int, ...]
   intervals: tuple[tuple[int, int], ...] | None = None
   virtual: np.ndarray | None = None
+  stored_broadcasts: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def profile_from_intervals(num_positions: int, starts: Sequence[int], ends: Sequence[int],
@@ -126,6 +130,10 @@ class Flow:
       (:func:`~jaxmem._src.estimate.xla_model.early_layout_copies`): the copy
       is live from the operand's start to the step, and the step does not
       keep the operand itself alive.
+    in_place: per step, whether it writes its result into its first
+      operand's buffer where that is the operand's last read (a scatter:
+      :data:`~jaxmem._src.estimate.xla_model.IN_PLACE`), so the two are
+      never live together.
     indexing: per step, how a fusion it is in indexes its operands
       (``xla_model.INDEX_*``, :func:`~jaxmem._src.estimate.xla_model.indexing_kinds`):
       a producer XLA would emit too many times in its readers' fusions is
@@ -152,6 +160,7 @@ class Flow:
   epilogues: Sequence[bool] | None = None
   early_copies: Sequence[Sequence[tuple[int, int]]] = ()
   indexing: Sequence[int] | None = None
+  in_place: Sequence[bool] | None = None
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -260,7 +269,7 @@ def _through_aliases(flow: Flow, consumers: list[list[int]], o: int) -> list[int
 
 
 def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Sequence[bool],
-                             o: int) -> bool:
+                             o: int, split: set[int] | frozenset[int] = frozenset()) -> bool:
   """Whether ``o``'s only reader starts a chain of cheap elementwise steps whose result is stored.
 
   Such a chain is an epilogue the compiler fuses into the step that makes
@@ -281,8 +290,88 @@ def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Se
     if flow.nbytes[x] != flow.nbytes[o]:
       return False
     if not virtual[x]:
-      return bool(consumers[x]) or x in flow.materialized
+      # (A stored result XLA also recomputes in other fusions is read there
+      # from `o`: `o` is stored too.)
+      return (bool(consumers[x]) or x in flow.materialized) and x not in split
   return False
+
+
+def _fusion_roots(outputs: Sequence[Sequence[int]], groups: Mapping[int, _Groups],
+                  c: int) -> set[int]:
+  """The steps whose stored results end the fusions step ``c`` is in (``c`` itself if stored)."""
+  roots: set[int] = set()
+  for y in outputs[c]:
+    found = groups.get(y)
+    if found is None:
+      roots.add(c)
+    elif isinstance(found[0], tuple):
+      roots.add(found[0][0])
+    else:
+      roots.update(found[0])
+  return roots
+
+
+def _closed_readers(flow: Flow, readers: Sequence[int], groups: Mapping[int, _Groups],
+                    closed_roots: set[int]) -> list[int]:
+  """Of several readers of one value, those XLA:CPU has closed into reduction fusions.
+
+  XLA:CPU forms its YNNPACK fusions (a reduction with the elementwise ops
+  around it) before its loop fusion, and a value read by more than one
+  fusion is not pulled into a YNNPACK fusion: it is that fusion's operand,
+  stored. So a value read in two or more fusions, one of which is a
+  reduction's, is stored for the reduction (measured on a Dense, LayerNorm
+  and max-over-points step: the LayerNorm input read by its statistics and
+  by the normalisation, ``rsqrt * scale`` read by the forward pass and by
+  the scale gradient's sum, and the product both backward sums read, each a
+  full-size buffer in XLA's assignment). A reduction's fusion also takes
+  the elementwise ops that read its result when that result has no other
+  reader (a LayerNorm gradient's row sums and the arithmetic after them):
+  ``closed_roots`` holds the fusions, named by their roots, that contain a
+  reduction either way. Empty when every reader is in one fusion (XLA fuses
+  the value into it) or no reader is in a reduction's.
+  """
+  outputs = flow.step_outputs
+  per_reader = [_fusion_roots(outputs, groups, c) for c in readers]
+  roots = set().union(*per_reader)
+  if len(roots) < 2:
+    return []
+  return [c for c, rs in zip(readers, per_reader) if not closed_roots.isdisjoint(rs)]
+
+
+def _effectively_unary(flow: Flow, s: int, made_at: Mapping[int, int],
+                       indexing: Sequence[int]) -> bool:
+  """Whether XLA duplicates step ``s`` into its readers' fusions (``EffectivelyAtMostUnary``).
+
+  XLA's fusion duplicates a producer that reads at most one operand of its
+  own rank (broadcasts, and operands with fewer elements, such as a bias
+  or a per-row statistic, do not count) or that reads no more bytes than it
+  writes; any other producer is fused only where every reader can take it.
+  """
+  outs = flow.step_outputs[s]
+  if len(outs) != 1:
+    return False
+  out_bytes = flow.nbytes[outs[0]]
+  full = 0
+  total = 0
+  for x in flow.step_inputs[s]:
+    total += flow.nbytes[x]
+    p = made_at.get(x)
+    if p is not None and indexing[p] == INDEX_BROADCAST:
+      continue
+    # (Four times: a boolean operand of a float op still has its shape.)
+    if flow.nbytes[x] * 4 >= out_bytes:
+      full += 1
+  return full <= 1 or total <= out_bytes
+
+
+def _horizon(flow: Flow, virtual: Sequence[bool], end: Sequence[int], pos: Sequence[int],
+             c: int) -> int:
+  """The last position at which step ``c`` reads its operands: where its fused results end."""
+  last = pos[c]
+  for y in flow.step_outputs[c]:
+    if virtual[y]:
+      last = max(last, end[y])
+  return last
 
 
 # Per fused value: per fusion it is fused into (named by the step whose
@@ -398,6 +487,25 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   indexing = flow.indexing or None
   outputs = flow.step_outputs
   groups: dict[int, _Groups] = {}
+  # Stored values XLA also duplicates into some of their readers (see
+  # `_closed_readers`): never the stored end of a matmul's epilogue.
+  split: set[int] = set()
+  made_at = ({o: s for s in range(flow.num_steps) for o in outputs[s]}
+             if indexing is not None else {})
+  # Fusions that contain a reduction (`_closed_readers`), named by their
+  # roots: the reductions, the steps that read a reduction's only-read
+  # result, and (below) the roots those steps are fused into.
+  closed_roots: set[int] = set()
+  reads_reduction: set[int] = set()
+  if indexing is not None:
+    for s in range(flow.num_steps):
+      if flow.step_kind[s] is Fusion.REDUCE:
+        closed_roots.add(s)
+        for y in outputs[s]:
+          cs = _through_aliases(flow, consumers, y)
+          if len(cs) == 1:
+            reads_reduction.add(cs[0])
+    closed_roots |= reads_reduction
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -433,11 +541,27 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         cs = _through_aliases(flow, consumers, o)
         if not all(map(fusible.__getitem__, cs)):
           continue
+        if indexing is not None and len(cs) > 1:
+          closed = _closed_readers(flow, cs, groups, closed_roots)
+          if closed:
+            # Stored for the readers XLA:CPU has already closed into
+            # reduction fusions; duplicated into the others when it is
+            # (effectively) unary, as XLA's fusion duplicates such a
+            # producer, its inputs then living until those readers.
+            if kind is Fusion.CHEAP and _effectively_unary(flow, s, made_at, indexing):
+              others = [c for c in cs if c not in closed]
+              end[o] = max(start[o], max(_horizon(flow, virtual, end, pos, c) for c in closed))
+              if others:
+                last = max(_horizon(flow, virtual, end, pos, c) for c in others)
+                for x in flow.step_inputs[s]:
+                  end[x] = max(end[x], last)
+                split.add(o)
+            continue
         ckinds = [flow.step_kind[c] for c in cs]
         if Fusion.REDUCE in ckinds and len(ckinds) > 1:
           continue        # XLA does not duplicate a producer into a reduction
       elif not (flow.epilogues and flow.epilogues[s]
-                and _ends_in_stored_epilogue(flow, consumers, virtual, o)):
+                and _ends_in_stored_epilogue(flow, consumers, virtual, o, split)):
         continue
       if indexing is not None:
         found = _indexing_groups(consumers[o], outputs, indexing, groups)
@@ -449,12 +573,22 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
             times > ALLOWED_CODE_DUPLICATION or (ind == INDEX_BRANCHES and times > 1)):
           continue          # XLA would emit it too many times: stored
         groups[o] = found
+        if s in reads_reduction:
+          closed_roots.update(_fusion_roots(outputs, groups, s))
       virtual[o] = True
       for x in flow.step_inputs[s]:
         end[x] = max(end[x], end[o])
   for v in flow.hoist_to_start:
     if not virtual[v] and v not in merged:
       start[v] = 0
+  if flow.in_place:
+    for s, writes in enumerate(flow.in_place):
+      ins = flow.step_inputs[s]
+      if writes and ins:
+        x = ins[0]
+        if (x not in flow.materialized and not virtual[x] and end[x] == pos[s]
+            and start[x] < pos[s]):
+          end[x] = pos[s] - 1       # its buffer is the result's from here on
   ids = [v for v in range(nvals) if start[v] >= 0]
   starts = [start[v] for v in ids]
   ends = [max(end[v], start[v]) for v in ids]
@@ -475,17 +609,25 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     starts.append(min(start[x], last))
     ends.append(last)
     sizes.append(nbytes)
-  span: dict[tuple[int, int], list[int]] = {}
+  readers_of: dict[tuple[int, int], list[int]] = {}
   for s, reads in enumerate(flow.shared_reads):
     for key in reads:
-      first_last = span.setdefault(key, [pos[s], pos[s]])
-      first_last[0] = min(first_last[0], pos[s])
-      first_last[1] = max(first_last[1], pos[s])
-  for (_, nbytes), (first, last) in span.items():
-    if last > first:           # one reader: fused into it, nothing stored
-      starts.append(first)
-      ends.append(last)
-      sizes.append(nbytes)
+      readers_of.setdefault(key, []).append(s)
+  stored_broadcasts = []
+  for key, readers in readers_of.items():
+    first = min(pos[c] for c in readers)
+    last = max(_horizon(flow, virtual, end, pos, c) for c in readers)
+    if indexing is not None:
+      # Stored where XLA:CPU's reduction fusions read it among other
+      # fusions (`_closed_readers`): a broadcast is an operand like any value.
+      if not _closed_readers(flow, sorted(set(readers)), groups, closed_roots):
+        continue
+    elif last <= first:        # one reader: fused into it, nothing stored
+      continue
+    stored_broadcasts.append((key[0], key[1], first, last))
+    starts.append(first)
+    ends.append(last)
+    sizes.append(key[1])
   transient = [0] * (flow.num_steps + 1)
   for s, t in enumerate(flow.transient):
     transient[pos[s]] += t
@@ -508,4 +650,5 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   virtual = np.array(virtual, dtype=bool)
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
                              holder_bytes=tuple(b for _, b in holders), intervals=intervals,
-                             virtual=virtual), virtual
+                             virtual=virtual,
+                             stored_broadcasts=tuple(stored_broadcasts)), virtual

@@ -154,25 +154,25 @@ def early_layout_copies(eqn: _compat.JaxprEqn, backend: str) -> tuple[tuple[int,
 
 
 def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ...]:
-  """Per op, ``(input position, bytes)`` of operands XLA broadcasts into a stored buffer.
+  """Per op, ``(input position, bytes)`` of operands XLA may broadcast into a stored buffer.
 
   jax lets elementwise ops broadcast size-1 dimensions (``x[B,H,L,L] /
-  s[B,H,L,1]``); XLA makes each such broadcast an explicit HLO ``broadcast``.
-  When the same broadcast is read in the forward pass and again in the
-  backward pass (the softmax denominator, LayerNorm's ``rsqrt`` and scale),
-  CSE leaves one full-size broadcast, and on the CPU it is stored because the
-  backward consumer is a YNNPACK fusion, which cannot fuse a broadcast
-  (measured on the GPT example: one [B,H,L,L] buffer per attention layer and
-  two [B,L,D] per LayerNorm, live from the forward use to the backward one).
-  Values XLA computes from constants (masks from ``iota``) are excluded: they
-  are recomputed, not kept.
-
-  The estimator charges each such ``(value, broadcast size)`` pair once, from
-  its first reader to its last (:class:`~jaxmem._src.estimate.lifetimes.Flow`).
+  s[B,H,L,1]``); XLA makes each such broadcast an explicit HLO ``broadcast``,
+  which CSE merges across its readers. Loop fusions recompute it; XLA:CPU's
+  YNNPACK reduction fusions cannot take it when another fusion reads it too,
+  and it is stored full size (measured on the GPT example: one [B,H,L,L]
+  buffer per attention layer and two [B,L,D] per LayerNorm, live from the
+  forward use to the backward one; a BatchNorm's broadcasts, read only by
+  loop fusions, are not stored). These are the candidates; the estimator
+  decides which are stored from the fusions their readers end up in
+  (:func:`~jaxmem._src.estimate.lifetimes.estimate`, ``_closed_readers``)
+  and charges each stored ``(value, broadcast size)`` pair once, from its
+  first reader to its last (:class:`~jaxmem._src.estimate.lifetimes.Flow`).
+  Values XLA computes from constants (masks from ``iota``) are excluded:
+  they are recomputed, not kept.
   """
   if program.backend != "cpu":
     return tuple(() for _ in program.ops)
-  readers: dict[tuple[int, int], set[str]] = {}
   cands: list[list[tuple[int, int, int]]] = []
   for op in program.ops:
     found = []
@@ -190,26 +190,8 @@ def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ..
           local = out_elems * out.nbytes // out.global_nbytes if out.global_nbytes else out_elems
           nbytes = v.global_nbytes // size * local
           found.append((pos, x, nbytes))
-          readers.setdefault((x, nbytes), set()).add(op.phase.value)
     cands.append(found)
-  return tuple(tuple((pos, b) for pos, x, b in found
-                     if {"forward", "backward"} <= readers[(x, b)]) for found in cands)
-
-
-def stored_broadcast_spans(ops: tuple[Op, ...],
-                           memory: tuple[OpMemory, ...]) -> list[tuple[int, int, int, int]]:
-  """``(value id, bytes, first reader, last reader)`` of the broadcasts XLA stores.
-
-  The unplanned program's view of :func:`shared_broadcasts` (``memory`` is
-  its :func:`op_memory_model`): one entry per broadcast of a value that is
-  read at two or more program points (a single reader fuses it, nothing is
-  stored).
-  """
-  span: dict[tuple[int, int], list[int]] = {}
-  for op, model in zip(ops, memory):
-    for pos, b in model.shared:
-      span.setdefault((op.inputs[pos], b), [op.index, op.index])[1] = op.index
-  return [(v, b, s, e) for (v, b), (s, e) in span.items() if e > s]
+  return tuple(tuple((pos, b) for pos, x, b in found) for found in cands)
 
 
 def hoisted_scalar_broadcasts(program: Program) -> tuple[int, ...]:
@@ -348,6 +330,11 @@ def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, i
   return tuple(out)
 
 
+#: Primitives XLA lowers to an update of their first operand's buffer in place.
+IN_PLACE = frozenset({"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min",
+                       "scatter-max", "dynamic_update_slice"})
+
+
 def cse_keys(program: Program) -> tuple[CseKey | None, ...]:
   """Per op, what XLA's common-subexpression elimination compares, or ``None``.
 
@@ -359,12 +346,31 @@ def cse_keys(program: Program) -> tuple[CseKey | None, ...]:
   the primitive and its parameters;
   :func:`~jaxmem._src.estimate.lifetimes.estimate` adds the operands. Ops
   with bodies, effects or random bits are never merged
-  (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.cse`).
+  (:attr:`~jaxmem._src.ir.primitives.PrimitiveFacts.cse`), and neither is a
+  value an in-place op writes into (the zeros a ``scatter-add`` accumulates
+  into): CSE merges such buffers, then copy insertion gives every in-place
+  writer but one a copy of its own (measured on a skip-gram step whose three
+  scatter-adds into table-sized zeros hold three buffers from the forward
+  pass on: -20.7% -> the compiled peak when they were merged into one).
   """
+  # (Two scatter-adds whose results are only summed are one scatter to XLA's
+  # algebraic simplifier, with their indices and updates concatenated: one
+  # accumulator between them, which CSE's merge models.)
+  combined: set[int] = set()
+  for op in program.ops:
+    if op.primitive in ("add", "add_any") and len(op.input_ids()) == 2:
+      makers = [program.vars[x].defined_by for x in op.input_ids()]
+      if all(m is not None and m >= 0 and program.ops[m].primitive == "scatter-add"
+             and len(program.vars[x].uses) == 1 for m, x in zip(makers, op.input_ids())):
+        combined.update(makers)
+  written = {op.inputs[0] for op in program.ops
+             if op.primitive in IN_PLACE and op.index not in combined
+             and op.inputs and isinstance(op.inputs[0], int)}
   keys: list[CseKey | None] = []
   for op in program.ops:
     eqn = op.eqn
-    if eqn.effects or not op.outputs or not primitives.facts(op.primitive).cse or op.has_body:
+    if (eqn.effects or not op.outputs or not primitives.facts(op.primitive).cse or op.has_body
+        or not written.isdisjoint(op.outputs)):
       keys.append(None)
       continue
     try:
@@ -722,8 +728,8 @@ def on_chip_bytes(program: Program) -> int:
   return chip.on_chip_bytes if chip is not None else 0
 
 
-__all__ = ["ALLOWED_CODE_DUPLICATION", "INDEX_BRANCHES", "INDEX_BROADCAST", "INDEX_NEW",
+__all__ = ["ALLOWED_CODE_DUPLICATION", "IN_PLACE", "INDEX_BRANCHES", "INDEX_BROADCAST", "INDEX_NEW",
            "INDEX_SAME", "CseKey", "OpMemory", "cse_keys", "indexing_kinds", "early_layout_copies", "hidden_bytes",
            "donation_copies", "hoisted_constants", "hoisted_scalar_broadcasts", "movable_ops", "on_chip_bytes",
            "op_fusion_kind", "op_memory_model", "shard_map_forwards", "forwarded_values", "epilogue_fusions", "op_memory_models", "operand_fusions",
-           "shared_broadcasts", "stored_broadcast_spans"]
+           "shared_broadcasts"]

@@ -218,7 +218,7 @@ class Schedule:
       else:
         ins_kept = tuple(x for x in st.inputs if isinstance(x, int))
         row = (ins_kept, st.outputs, Fusion.MATERIALIZED, 0, 0, (), (), False, None, False,
-               False, xla_model.INDEX_NEW)
+               False, xla_model.INDEX_NEW, False)
       for x in ins_kept:
         end[x] = i
       for o in st.outputs:
@@ -232,7 +232,8 @@ class Schedule:
           start[st.outputs[0]] = 0
       rows.append(row)
     (inputs, outputs, kinds, transient, hoisted, shared, early, movable, cse, fuses,
-     epilogues, indexing) = (list(c) for c in zip(*rows)) if rows else ([] for _ in range(12))
+     epilogues, indexing, in_place) = ((list(c) for c in zip(*rows)) if rows
+                                       else ([] for _ in range(13)))
     for vid in prog.invars:
       if not prog.freed_at_last_use(vid):
         end[vid] = n
@@ -254,7 +255,8 @@ class Schedule:
                           xla_model.on_chip_bytes(prog), fuses,
                           _copy_steps(prog.donation_copies, self.steps),
                           self._forwarded(), epilogues if prog.epilogues else None,
-                          early if any(early) else (), indexing if prog.indexing else None)
+                          early if any(early) else (), indexing if prog.indexing else None,
+                          in_place if any(in_place) else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
@@ -430,9 +432,9 @@ def _var_bytes(program: AnalyzedProgram) -> tuple[int, ...]:
 # What `Schedule.profile` records per step, in the order of the flow's
 # columns: value inputs, outputs, fusion kind, transient bytes, hoisted bytes,
 # shared reads, early layout copies, movable, CSE key, fuses its operands,
-# epilogue, indexing kind.
+# epilogue, indexing kind, writes its first operand in place.
 _StepRow = tuple[Sequence[int], tuple[int, ...], Fusion, int, int, Sequence[tuple[int, int]],
-                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool, int]
+                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool, int, bool]
 # Per op of a program: its original step's row, the inputs that step keeps
 # alive (not those read through an early layout copy), and whether it is a
 # relayout view (stored where a custom call reads it). Every schedule of the
@@ -458,7 +460,9 @@ def _step_row(program: AnalyzedProgram, st: Step, m: xla_model.OpMemory
          copies, not st.recompute and program.movable[k],
          None if st.recompute else program.cse_keys[k], program.operand_fusions[k],
          bool(program.epilogues) and program.epilogues[k],
-         program.indexing[k] if program.indexing else xla_model.INDEX_NEW)
+         program.indexing[k] if program.indexing else xla_model.INDEX_NEW,
+         program.ops[k].primitive in xla_model.IN_PLACE and bool(st.inputs)
+         and isinstance(st.inputs[0], int))
   return (row, tuple(x for x in ins if x not in copied) if copied else ins,
           m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout)
 

@@ -6,7 +6,6 @@ from collections import defaultdict
 
 from jaxmem._src.base.errors import format_bytes
 from jaxmem._src.estimate.analysis import AnalyzedProgram
-from jaxmem._src.estimate.xla_model import stored_broadcast_spans
 from jaxmem._src.ir.blocks import Block
 
 
@@ -25,8 +24,8 @@ def _interval(program: AnalyzedProgram, vid: int) -> str:
 
 
 def stored_broadcasts(program: AnalyzedProgram) -> list[tuple[int, int, int, int]]:
-  """``(value id, bytes, first, last)`` of the full-size broadcasts XLA stores."""
-  return stored_broadcast_spans(program.ops, program.memory)
+  """``(value id, bytes, first, last)`` of the full-size broadcasts the estimate counts as stored."""
+  return list(program.profile.stored_broadcasts)
 
 
 def stored_broadcasts_at(program: AnalyzedProgram,
