@@ -118,9 +118,9 @@ def _explain(program: AnalyzedProgram, prof: Profile, raw_peak: int) -> list[str
     stored = [b for _, b, s, e in stored_broadcasts(program) if s <= peak <= e]
     if stored:
       notes.append((sum(stored), f"{format_bytes(sum(stored))} in {len(stored)} full-size "
-                    "broadcasts read by both the forward and the backward pass (e.g. softmax "
-                    "denominators, LayerNorm scales): XLA:CPU stores one copy for its YNNPACK "
-                    "fusions"))
+                    "broadcasts read by a reduction's fusion and by another (e.g. softmax "
+                    "denominators, LayerNorm scales): XLA:CPU's YNNPACK fusions cannot take "
+                    "them, so one copy is stored"))
     hoisted = sum(m.hoisted for op, m in zip(program.ops, model) if op.index >= peak and m.hoisted)
     kinds = sorted({op.primitive for op in program.ops
                     if any(xla_model.hidden_bytes(op.eqn, program.backend))
