@@ -83,7 +83,13 @@ CASES = {
                                                  heads=2, layers=2, scan_layers=True), 0.7,
                              exact=False, rtol=1e-4),
     "nnx_mlp": Case("nnx_mlp", dict(batch_size=1024, width=64, depth=4), 0.6),
-    "nnx_cnn": Case("nnx_cnn", dict(batch_size=32, image_size=8, channels=(8, 8)), 0.6),
+    # BatchNorm again: `auto` picks the MILP's plan here (since the estimate
+    # stores the values XLA:CPU's reduction fusions share), whose recomputed
+    # chains include the batch statistics; XLA fuses the recomputed sums
+    # differently, so a few parameters differ in their last bits (measured:
+    # 3 of 8 elements of one bias, 1.2e-7 relative, after two adam steps).
+    "nnx_cnn": Case("nnx_cnn", dict(batch_size=32, image_size=8, channels=(8, 8)), 0.6,
+                    exact=False),
 }
 
 
