@@ -157,9 +157,13 @@ def test_auto_is_the_fastest_fitting_plan(resnet18):
   assert len(rows) >= 2
 
 
-@pytest.mark.parametrize("frac", [0.7, 0.65])
+@pytest.mark.parametrize("frac", [0.65, 0.6])
 def test_the_offload_bound_is_a_lower_bound(resnet18, frac):
-  """The bound `auto` skips offload-only planners on is below their simulated overhead."""
+  """The bound `auto` skips offload-only planners on is below their simulated overhead.
+
+  (At 0.7 the bound is 0 since the estimate stores BatchNorm's ``x - mean``:
+  the budgets here are ones where it is not trivially true.)
+  """
   budget = int(frac * resnet18.peak_bytes)
   bound = auto_mod.offload_overhead_bound(resnet18, budget, "h100-pcie")
   assert bound > 0.1
