@@ -490,8 +490,9 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   # Stored values XLA also duplicates into some of their readers (see
   # `_closed_readers`): never the stored end of a matmul's epilogue.
   split: set[int] = set()
-  made_at = ({o: s for s in range(flow.num_steps) for o in outputs[s]}
-             if indexing is not None else {})
+  # Each value's defining step, built the first time a split is considered
+  # (most estimates are of schedules that never need it: a hot path).
+  made_at: dict[int, int] | None = None
   # Fusions that contain a reduction (`_closed_readers`), named by their
   # roots: the reductions, the steps that read a reduction's only-read
   # result, and (below) the roots those steps are fused into.
@@ -548,6 +549,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
             # reduction fusions; duplicated into the others when it is
             # (effectively) unary, as XLA's fusion duplicates such a
             # producer, its inputs then living until those readers.
+            if made_at is None:
+              made_at = {y: t for t in range(flow.num_steps) for y in outputs[t]}
             if kind is Fusion.CHEAP and _effectively_unary(flow, s, made_at, indexing):
               others = [c for c in cs if c not in closed]
               end[o] = max(start[o], max(_horizon(flow, virtual, end, pos, c) for c in closed))
