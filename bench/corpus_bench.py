@@ -10,7 +10,12 @@ one run:
   smallest reachable peak; then whether that figure is honest: it is at most
   the unplanned peak, and ``fit`` with it as the budget succeeds;
 * results: the fitted step's outputs against ``jax.jit``'s, bit for bit (or
-  the largest relative difference).
+  the largest relative difference);
+* where ``fit(0.5)`` fits, ``jaxmem.fit(0.3)``: the peak, or the floor its
+  ``BudgetError`` reports (not re-checked: honesty is checked at 0.5);
+* for every ``BudgetError``, what holds its floor by kind
+  (``BudgetError.floor``), and ``fit``'s time per budget (planning,
+  rewriting, compiling and checking: the plan time the issue bounds).
 
 The corpus is measured as it is. Two changes to jaxmem's estimate followed
 its first run, both about donated state (results paired with donated
@@ -20,7 +25,7 @@ backward pass reads); that run's results are kept in
 current ones. Run:
 ``python bench/corpus_bench.py [--only SUBSTRING] [--render]``; writes
 ``bench/results/corpus.{json,md}`` and the README excerpt (``--only`` keeps the
-other entries' rows from the last run). About 20 minutes on 2 CPUs.
+other entries' rows from the last run). About 35 minutes on 2 CPUs.
 
 ``--set heldout`` measures the held-out steps of ``bench/corpus/heldout.py``
 instead (written after the estimate was last changed) into
@@ -28,7 +33,7 @@ instead (written after the estimate was last changed) into
 One change to the estimate followed their first run (XLA's code-duplication
 limit, found on the state-space model); that run is kept in
 ``bench/results/heldout_first.json`` and summarized next to the current one.
-About 10 minutes.
+About 15 minutes.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
 RESULTS = HERE / "results"
 MiB = 2 ** 20
 FRACTION = 0.5
+#: The second budget asked of the steps that fit ``FRACTION``.
+LOW = 0.3
 #: The first run on the corpus, before a change made after measuring it.
 BEFORE = RESULTS / "corpus_before_aliasing.json"
 #: The first run on the held-out steps, before the change made after measuring them.
@@ -138,7 +145,8 @@ def measure(entry: Any) -> dict[str, Any]:
   except jaxmem.BudgetError as e:
     smallest = e.smallest_bytes
     row.update(fit="BudgetError", smallest_mib=round(smallest / MiB, 2),
-               smallest_fraction=round(smallest / base, 3), smallest_above_unplanned=smallest > base)
+               smallest_fraction=round(smallest / base, 3), smallest_above_unplanned=smallest > base,
+               floor=[[k, round(b / MiB, 2)] for k, b in e.floor], advice=e.advice)
     row["fit_s"] = round(time.perf_counter() - t1, 1)
     t2 = time.perf_counter()
     row.update(smallest_reached(step, args, smallest, donate_argnums=donate))
@@ -147,8 +155,50 @@ def measure(entry: Any) -> dict[str, Any]:
     row.update(fit="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
     traceback.print_exc()
   row.setdefault("fit_s", round(time.perf_counter() - t1, 1))
+  if row.get("fit") == "fits":
+    # A step that fits half its peak: does it fit 0.3? (The floor a
+    # `BudgetError` reports there is not re-checked: that is done at 0.5.)
+    t1 = time.perf_counter()
+    try:
+      res = jaxmem.fit(LOW, donate_argnums=donate)(step).fit_result(*args)
+      row.update(low="fits", low_mib=round(res.peak_bytes / MiB, 2),
+                 low_fraction=round(res.peak_bytes / base, 3),
+                 low_within=res.peak_bytes <= res.budget_bytes)
+    except jaxmem.BudgetError as e:
+      row.update(low="BudgetError", low_mib=round(e.smallest_bytes / MiB, 2),
+                 low_fraction=round(e.smallest_bytes / base, 3),
+                 low_floor=[[k, round(b / MiB, 2)] for k, b in e.floor])
+    except Exception as e:  # noqa: BLE001
+      row.update(low="failed", low_error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    row["low_s"] = round(time.perf_counter() - t1, 1)
   row["total_s"] = round(time.perf_counter() - t0, 1)
   return row
+
+
+def _plan_s(r: dict[str, Any]) -> float:
+  """The longest `fit` of a row (0.5, and 0.3 where it fit 0.5)."""
+  return max(r.get("fit_s", 0.0), r.get("low_s", 0.0))
+
+
+def _floor_text(floor: list[list[Any]] | None) -> str:
+  """The two largest kinds holding a floor, with their share."""
+  if not floor:
+    return ""
+  total = sum(b for _, b in floor if b > 0) or 1.0
+  return "; " + ", ".join(f"{k} {b / total:.0%}" for k, b in floor[:2])
+
+
+def _median_fraction(xs: list[float]) -> str:
+  return f"{statistics.median(xs):.2f}" if xs else "—"
+
+
+def _floor_kinds(rows: list[dict[str, Any]]) -> str:
+  counts: dict[str, int] = {}
+  for r in rows:
+    if r.get("floor"):
+      kind = r["floor"][0][0]
+      counts[kind] = counts.get(kind, 0) + 1
+  return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
 
 
 def _pct(x: float) -> str:
@@ -182,6 +232,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
   identical = sum(r.get("results") == "bit-identical" for r in fits)
   violations = sum(not r.get("within", True) for r in fits)
   failed = [r for r in rows if r.get("fit") == "failed" or "estimate_failed" in r]
+  low_fits = [r for r in rows if r.get("low") == "fits"]
+  low_floors = [r["low_fraction"] for r in rows if r.get("low") == "BudgetError"]
+  plan_times = [_plan_s(r) for r in rows]
   head = (f"`python bench/corpus_bench.py` jax {meta['jax']}, commit `{meta['commit']}`, "
           f"{meta['machine']}: {len(rows)} train steps of {len(families)} families from "
           "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
@@ -202,6 +255,18 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
       f"`BudgetError` {len(budget_errors)}, of which honest (the smallest peak it reports is at "
       f"most the unplanned peak and `fit` reaches it when asked): {len(honest)}; "
       f"failures: {len(failed)}.",
+      f"* Reaching {FRACTION} of the unplanned compiled peak: **{len(fits)} of {len(rows)}** "
+      f"({len(fits) / max(1, len(rows)):.0%}); reaching {LOW} (`fit({LOW})` on those): "
+      f"**{len(low_fits)} of {len(rows)}** ({len(low_fits) / max(1, len(rows)):.0%}; compiled "
+      f"peak over budget: {sum(not r.get('low_within', True) for r in low_fits)}); the floors "
+      f"`fit({LOW})` reports for the other {len(low_floors)}: median "
+      f"{_median_fraction(low_floors)} of the unplanned peak.",
+      f"* Planning time (`fit`: plans, rewrites, compiles and checks; the longest of both "
+      f"budgets per step): median {statistics.median(plan_times):.0f} s, longest "
+      f"{max(plan_times):.0f} s ({max(rows, key=_plan_s)['name']}); over 60 s: "
+      f"{sum(t > 60 for t in plan_times)}." if plan_times else "* no planning times",
+      f"* What holds the floor of the {len(budget_errors)} `BudgetError`s (the largest kind "
+      f"in each): {_floor_kinds(budget_errors)}." if budget_errors else "* no BudgetError",
       *([f"* Before {before['meta']['change']} (commit `{before['meta']['commit']}`, the first "
          f"run on {'these steps' if heldout else 'this corpus'}): estimates within ±10% "
          f"{_headline(before['rows'])[0]} of "
@@ -223,9 +288,12 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
            else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
   full = [title, "",
           *summary, "",
-          "Every step (peaks in MiB; `fit` at 0.5 of the unplanned compiled peak):", "",
-          "| step | unplanned | estimate (error) | fit(0.5) | results / honesty | time |",
-          "|---|---|---|---|---|---|"]
+          "Every step (peaks in MiB; `fit` at 0.5 of the unplanned compiled peak, then at 0.3 "
+          "where 0.5 fits; a `BudgetError`'s floor with the largest kinds holding it, from "
+          "jaxmem's estimate of the plan at its peak; plan time is `fit`'s at 0.5, then 0.3):", "",
+          "| step | unplanned | estimate (error) | fit(0.5) | results / honesty | fit(0.3) | "
+          "plan time |",
+          "|---|---|---|---|---|---|---|"]
   for r in rows:
     est = (f"{r['estimate_mib']:.1f} ({_pct(r['estimate_error'])})" if "estimate_error" in r
            else f"failed: {r.get('estimate_failed', '?')}")
@@ -235,14 +303,25 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
         fit += f", scans {r['scans']}"
       extra = r.get("results", "")
     elif r.get("fit") == "BudgetError":
-      fit = f"BudgetError: {r['smallest_mib']:.1f} ({r['smallest_fraction']:.2f})"
+      fit = (f"BudgetError: {r['smallest_mib']:.1f} ({r['smallest_fraction']:.2f})"
+             + _floor_text(r.get("floor")))
       extra = ("honest" if r.get("smallest_reached") and not r.get("smallest_above_unplanned")
                else "NOT reached when asked: " + r.get("smallest_reached_note", "")
                if not r.get("smallest_reached") else "above the unplanned peak")
     else:
       fit, extra = "failed", r.get("error", "")
-    full.append(f"| {r['name']} | {r['unplanned_mib']:.1f} | {est} | {fit} | {extra} | "
-                f"{r['total_s']:.0f} s |")
+    if r.get("low") == "fits":
+      low = f"{r['low_mib']:.1f} ({r['low_fraction']:.2f})" + ("" if r["low_within"] else " OVER")
+    elif r.get("low") == "BudgetError":
+      low = (f"BudgetError: {r['low_mib']:.1f} ({r['low_fraction']:.2f})"
+             + _floor_text(r.get("low_floor")))
+    elif r.get("low") == "failed":
+      low = "failed: " + r.get("low_error", "")
+    else:
+      low = "—"
+    times = f"{r.get('fit_s', 0):.0f} s" + (f", {r['low_s']:.0f} s" if "low_s" in r else "")
+    full.append(f"| {r['name']} | {r['unplanned_mib']:.1f} | {est} | {fit} | {extra} | {low} | "
+                f"{times} |")
   return "\n".join(full) + "\n", "\n".join(summary) + "\n"
 
 

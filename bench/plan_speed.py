@@ -12,8 +12,10 @@ half of the estimated peak, as in ``bench/planners.py`` part 2. Per batch:
     (host copies are memory copies there, so every offload-only planner,
     AutoSwap's Bayesian optimisation included, runs).
 
-Each is timed ``--reps`` times (min / median / max); the first run of each
-program is a warm-up for JAX's caches and is not counted for ``analyze``.
+Each is timed ``--reps`` times (min / median / max), each time on a program
+analyzed anew (untimed): jaxmem keeps the schedules it built per program, and
+a repetition on the same program would find them. The first ``analyze`` of
+each program is a warm-up for JAX's caches and is not counted.
 Then one ``auto`` run is profiled with cProfile (top functions by cumulative
 time). Planning is deterministic: every repetition returns the same plan.
 
@@ -50,11 +52,14 @@ PLANNERS = ("auto", "segments", "greedy")
 DEVICES = ("h100-pcie", "cpu")
 
 
-def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
+def timed(fn: Callable[..., Any], reps: int,
+          fresh: Callable[[], Any] | None = None) -> tuple[list[float], Any]:
+  """``reps`` wall times of ``fn()``, or of ``fn(fresh())`` with ``fresh()`` untimed."""
   times, out = [], None
   for _ in range(reps):
+    arg = fresh() if fresh is not None else None
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(arg) if fresh is not None else fn()
     times.append(time.perf_counter() - t0)
   return times, out
 
@@ -95,15 +100,19 @@ def main() -> int:
       for name in PLANNERS:
         print(f"[resnet-50 b{batch}] {name} on {device} ...", file=sys.stderr, flush=True)
         planner = jaxmem.get_planner(name)
-        times, plan = timed(lambda: planner(prog, budget, device, copies="async"), a.reps)
+        # Each repetition plans a program analyzed anew: jaxmem caches the
+        # schedules it built per program, which a repeat would find.
+        times, plan = timed(lambda p: planner(p, budget, device, copies="async"), a.reps,
+                            fresh=lambda: jaxmem.analyze(step, *args))
         rows.append(dict(batch=batch, device=device, planner=name, chosen=plan.planner,
                          times_s=times, estimated=plan.estimated_peak_bytes, budget=budget,
                          fits=plan.estimated_peak_bytes <= budget, remat=plan.num_remat,
                          offload=plan.num_offload))
     if batch == batches[-1]:
+      fresh_prog = jaxmem.analyze(step, *args)
       prof = cProfile.Profile()
       prof.enable()
-      jaxmem.get_planner("auto")(prog, budget, "h100-pcie", copies="async")
+      jaxmem.get_planner("auto")(fresh_prog, budget, "h100-pcie", copies="async")
       prof.disable()
       profile_rows = top_functions(prof)
 

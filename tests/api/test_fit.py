@@ -101,6 +101,40 @@ def test_budget_below_anything_reachable(mlp_small):
   # The smallest budget it reports is one that works.
   ok = jaxmem.fit(err.smallest_bytes)(step)
   assert ok.fit_result(*args).peak_bytes <= err.smallest_bytes
+  # What holds that floor, by kind: at least the compiled floor in all (the
+  # estimate, plus what the compiled peak holds beyond it), and advice.
+  kinds = dict(err.floor)
+  assert sum(b for b in kinds.values() if b > 0) >= err.smallest_bytes
+  assert "parameters" in kinds or "step inputs (batch, labels, keys)" in kinds
+  assert "what holds that peak, by kind" in msg and "lower the floor" in err.advice
+  assert err.advice in msg
+
+
+def test_a_floor_of_arguments_is_named_with_what_would_lower_it():
+  """An optimizer step whose parameters and Adam state are most of its memory:
+  the error says the arguments hold the floor, and (not donated) that
+  donating the state lets XLA write the update in place."""
+  import optax
+  tx = optax.adam(1e-3)
+  params = [jnp.ones((512, 512)), jnp.ones((512,))]
+  opt_state = tx.init(params)
+  x = jnp.ones((8, 512))
+
+  def step(params, opt_state, x):
+    grads = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p[0] + p[1]) ** 2))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.3)(step)(params, opt_state, x)
+  err = info.value
+  kinds = [k for k, _ in err.floor]
+  assert kinds[0] in ("optimizer state", "parameters", "outputs (new state, loss)")
+  assert "the step's arguments hold" in err.advice and "donate the state" in err.advice
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.3, donate_argnums=(0, 1))(step)(params, opt_state, x)
+  assert "donate the state" not in info.value.advice
+  assert "the step's arguments hold" in info.value.advice
 
 
 def test_smallest_reachable_includes_the_unplanned_program():

@@ -257,3 +257,28 @@ def test_schedules_of_one_program_share_only_the_steps_no_decision_renames():
   del prog, planned, plain, again, v
   gc.collect()
   assert len(schedule_mod._ORIGINAL_STEPS) < cached
+
+
+def test_a_schedule_built_again_is_the_one_built_before():
+  """Planners build the same plan more than once: `build_schedule` returns the
+  schedule (and its estimate) it built before for the same arguments, and a
+  new one when anything it is built from differs (for asynchronous copies,
+  the budget bounding their windows too)."""
+  grad, args = models.tanh_mlp(depth=3, width=32, batch=64)
+  prog = jaxmem.analyze(grad, *args)
+  v, a, b = _residual(prog)
+  offload = [Decision(v.id, Action.OFFLOAD, a, b, (), v.nbytes)]
+  first = build_schedule(prog, offload, copies="async", budget=prog.peak_bytes)
+  peak = first.profile().peak_bytes
+  again = build_schedule(prog, tuple(offload), copies="async", budget=prog.peak_bytes)
+  assert again is first and again.profile().peak_bytes == peak
+  assert build_schedule(prog, offload, copies="async", budget=prog.peak_bytes // 2) is not first
+  assert build_schedule(prog, offload) is not first                 # synchronous copies
+  assert build_schedule(prog, offload, (v.id,), copies="async",
+                        budget=prog.peak_bytes) is not first        # a pin
+  # Without a round trip the asynchronous schedule has the synchronous one's
+  # steps, and shares its estimate.
+  plain = build_schedule(prog, ())
+  assert build_schedule(prog, (), copies="async").profile() is plain.profile()
+  with pytest.raises(ValueError, match="window"):
+    build_schedule(prog, offload, copies="async", window=[1])

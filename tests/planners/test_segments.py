@@ -185,6 +185,39 @@ def test_auto_skips_offloading_that_cannot_win():
   assert {name for name, _ in skipped} == set(auto_mod.OFFLOAD_ONLY)
 
 
+def test_segments_within_a_cap_finds_no_costlier_plan(resnet18):
+  """`segments_within` searches only plans cheaper than the cap: the same plan
+  with no cap, ``None`` under a cap below any recomputation, and never a
+  fitting plan that costs more than the cap."""
+  budget = int(0.6 * resnet18.peak_bytes)
+  plan = segments_mod.segments(resnet18, budget, "h100-pcie")
+  assert plan.estimated_peak_bytes <= budget and plan.num_remat
+  recompute_s = jaxmem.simulate(plan, "h100-pcie").recompute_s
+  for cap in (float("inf"), 2 * recompute_s):      # what `auto` passes: twice the overhead
+    same = segments_mod.segments_within(resnet18, budget, "h100-pcie", cap)
+    assert same is not None and same.decisions == plan.decisions
+  for cap in (0.0, 0.5 * recompute_s):
+    assert segments_mod.segments_within(resnet18, budget, "h100-pcie", cap) is None
+
+
+def test_auto_skips_segments_that_cannot_beat_a_cheaper_plan():
+  """With the `cpu` profile host copies cost what memory copies do: offloading
+  ResNet-50 to half its peak costs a few percent, its least recomputation more,
+  so `auto` does not search segments (the search was most of its time)."""
+  import resnet
+  step, args = resnet.build(batch_size=32, depth=50, image_size=224, abstract=True)
+  prog = jaxmem.analyze(step, *args)
+  budget = prog.peak_bytes // 2
+  plan = jaxmem.get_planner("auto")(prog, budget, "cpu")
+  report = plan.diagnostic(AutoDiagnostics)
+  assert "segments" in {name for name, _ in report.skipped}
+  assert "segments" not in {row[0] for row in report.rows}
+  alone = segments_mod.segments(prog, budget, "cpu")
+  assert alone.estimated_peak_bytes <= budget
+  assert (jaxmem.simulate(alone, "cpu").step_time_s
+          > jaxmem.simulate(plan, "cpu").step_time_s)
+
+
 def _two_block_step():
   import flax.linen as nn
 

@@ -24,6 +24,7 @@ from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.estimate.targets import Target, TargetLike, get_target
 from jaxmem._src.ir.scan_remat import (MEMORY_KIND, NATIVE_STORE, RECOMPUTE, STAGE, traced_step,
                                        with_scan_residuals_recomputed)
+from jaxmem._src.ir.program import Role
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
 from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
 from jaxmem._src.plan.plan import Plan
@@ -662,12 +663,13 @@ class Fitted:
       # The unplanned program is a candidate too: a budget of its own peak
       # always works ("already fits"), so no smaller-looking plan may hide it.
       smallest, holders = best.memory.peak_bytes, _holders(best.plan)
-      at_floor = best.compiled
+      at_floor, floor_plan = best.compiled, best.plan
       if base_mem.peak_bytes <= smallest:
         smallest, at_floor = base_mem.peak_bytes, base_compiled
-        holders = _holders(Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
-                                unplanned_program.peak_bytes,
-                                "none"))
+        floor_plan = Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
+                          unplanned_program.peak_bytes, "none")
+        holders = _holders(floor_plan)
+      floor = floor_by_kind(floor_plan, smallest)
       if not scans and any(", stacked over " in d for d, _ in holders):
         # A scan's stacked outputs are one value to the planners: all of its
         # iterations are kept, recomputed or staged together.
@@ -688,7 +690,10 @@ class Fitted:
           f"{format_bytes(budget)} (budget {self.spec}; unplanned compiled peak "
           f"{format_bytes(base_mem.peak_bytes)}).{hint_scan}{hint}"
           f"{_collectives_hint(program, at_floor)}",
-          budget_bytes=budget, smallest_bytes=smallest, holders=holders)
+          budget_bytes=budget, smallest_bytes=smallest, holders=holders, floor=floor,
+          advice=floor_advice(floor, smallest, donated=bool(donate),
+                              cpu=target.platform == "cpu",
+                              fallback=self.compiler_fallback))
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
                        scans=scans)
@@ -770,6 +775,86 @@ def _hard_floor(program: Program, donate: tuple[int, ...]) -> int:
   outs = sum(program.vars[v].nbytes for v in {x for x in program.outvars if isinstance(x, int)}
              if not program.vars[v].is_input)
   return args + (0 if donate else outs)
+
+
+#: Kinds of :func:`floor_by_kind`, per role of a program value.
+_ROLE_KINDS = {
+    Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer state",
+    Role.INPUT: "step inputs (batch, labels, keys)", Role.CONSTANT: "constants",
+    Role.ACTIVATION: "activations kept for the backward pass",
+    Role.GRADIENT: "gradients and other backward values", Role.TEMPORARY: "temporaries",
+    Role.OUTPUT: "outputs (new state, loss)"}
+_ARGUMENT_KINDS = frozenset({"parameters", "optimizer state", "step inputs (batch, labels, keys)",
+                             "constants"})
+#: The prefix of XLA's own buffers' kinds (`Profile.hidden_at_peak`).
+_XLA = "XLA: "
+#: The kind of the compiled peak's bytes jaxmem's estimate of the plan misses.
+UNMODELLED = "XLA buffers beyond jaxmem's estimate"
+
+
+def floor_by_kind(plan: Plan, compiled_peak: int) -> tuple[tuple[str, int], ...]:
+  """What holds ``plan``'s peak, by kind, largest first (``BudgetError.floor``).
+
+  The plan's estimate at its peak, its values grouped by role (values a
+  ``scan`` stacks apart), XLA's buffers that are no value of the program by
+  kind, and what the compiled peak holds beyond the estimate.
+  """
+  sched = plan.schedule()
+  prof = sched.profile()
+  scans = _stacking_scans(plan.program)
+  kinds: dict[str, int] = {}
+  for vid, nbytes in zip(prof.holders, prof.holder_bytes):
+    var = sched.value_var[vid]
+    if var is None:
+      kind = "buffers of the plan's copies"
+    else:
+      v = plan.program.vars[var]
+      kind = ("values stacked by scans" if v.defined_by in scans and not v.is_output
+              else _ROLE_KINDS.get(v.role, "temporaries"))
+    kinds[kind] = kinds.get(kind, 0) + nbytes
+  for kind, nbytes in prof.hidden_at_peak:
+    kinds[_XLA + kind] = nbytes
+  missed = compiled_peak - prof.peak_bytes
+  if missed > 0:
+    kinds[UNMODELLED] = missed
+  return tuple(sorted(((k, b) for k, b in kinds.items() if b), key=lambda kb: -kb[1]))
+
+
+def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,
+                 fallback: bool) -> str:
+  """What would lower a floor of :func:`floor_by_kind`, from its largest kinds."""
+  total = max(1, sum(b for _, b in floor if b > 0))
+  share = dict(floor)
+
+  def part(kinds: Sequence[str]) -> float:
+    return sum(max(0, share.get(k, 0)) for k in kinds) / total
+
+  out = [f"Pass a budget of at least {format_bytes(smallest)} to `jaxmem.fit`, or lower the floor:"]
+  args = part(sorted(_ARGUMENT_KINDS))
+  if args >= 0.25:
+    out.append(f"the step's arguments hold {args:.0%} of it and live through the whole step, "
+               "so no plan moves them: shard them over a mesh, or train a smaller model or "
+               "batch.")
+  updates = part(["outputs (new state, loss)", "gradients and other backward values"])
+  if updates >= 0.2 and not donated:
+    out.append(f"new state and gradients hold {updates:.0%}: donate the state "
+               "(`donate_argnums`) so XLA writes the update into its buffers.")
+  kept = part(["activations kept for the backward pass", "temporaries"])
+  if kept >= 0.25:
+    out.append(f"activations and temporaries hold {kept:.0%}, more than the plans tried could "
+               "drop: they scale with the batch (a smaller one, or the step over "
+               "micro-batches).")
+  if part(["values stacked by scans"]) >= 0.1:
+    out.append("values a `scan` stacks hold "
+               f"{part(['values stacked by scans']):.0%}: `jax.checkpoint` on the scan body "
+               "keeps only each iteration's carry.")
+  xla = part([k for k, _ in floor if k.startswith(_XLA) or k == UNMODELLED])
+  if xla >= 0.1:
+    hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
+    out.append(f"XLA's own buffers hold {xla:.0%}{hint}.")
+  if len(out) == 1:
+    out.append("reduce the batch size, or donate arguments (`donate_argnums`).")
+  return " ".join(out[:1]) + "\n  - " + "\n  - ".join(out[1:])
 
 
 def _holders(plan: Plan, top: int = 8) -> list[tuple[str, int]]:

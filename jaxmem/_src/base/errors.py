@@ -33,19 +33,32 @@ class BudgetError(JaxmemError, ValueError):
       bytes, a lower bound (nothing was compiled).
     holders: ``(description, bytes)`` of the largest buffers live at that peak
       (a value stacked by a ``scan`` names the scan and its iterations).
+    floor: ``(kind, bytes)``: what holds that peak, by kind (parameters,
+      optimizer state, activations kept, values stacked by scans, XLA's
+      temporaries by kind, XLA's buffers beyond jaxmem's estimate), largest
+      first; empty where nothing was compiled.
+    advice: what would lower the floor, from its largest kinds.
   """
 
   def __init__(self, message: str, *, budget_bytes: int, smallest_bytes: int,
-               holders: Sequence[tuple[str, int]] = ()):
+               holders: Sequence[tuple[str, int]] = (),
+               floor: Sequence[tuple[str, int]] = (), advice: str = ""):
     self.budget_bytes = int(budget_bytes)
     self.smallest_bytes = int(smallest_bytes)
     self.holders = tuple(holders)
+    self.floor = tuple(floor)
+    self.advice = advice
     lines = [message,
              f"  budget asked:            {format_bytes(budget_bytes)} ({budget_bytes} bytes)",
              f"  smallest peak reachable: {format_bytes(smallest_bytes)} ({smallest_bytes} bytes)"]
+    if self.floor:
+      lines.append("  what holds that peak, by kind (jaxmem's estimate of the plan at its "
+                   f"peak, {format_bytes(sum(b for _, b in self.floor if b > 0))} in all):")
+      lines += [f"    {format_bytes(b):>12}  {k}" for k, b in self.floor]
     if self.holders:
       lines.append("  largest holders at that peak (jaxmem's estimate of the plan):")
       lines += [f"    {format_bytes(b):>12}  {d}" for d, b in self.holders]
-    lines.append(f"Pass a budget of at least {format_bytes(smallest_bytes)} to `jaxmem.fit`, "
-                 "reduce the batch size, or donate arguments (`donate_argnums`).")
+    lines.append(advice or (f"Pass a budget of at least {format_bytes(smallest_bytes)} to "
+                            "`jaxmem.fit`, reduce the batch size, or donate arguments "
+                            "(`donate_argnums`)."))
     super().__init__("\n".join(lines))

@@ -11,6 +11,7 @@ on what "live" means.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -39,6 +40,9 @@ class Profile:
     stored_broadcasts: ``(value id, bytes, first, last)`` of the full-size
       broadcasts of operands the estimate counts as stored
       (``Flow.shared_reads``), live from their first reader to their last.
+    hidden_at_peak: ``(kind, bytes)`` of the buffers at the peak that are
+      no value of the program (XLA's own, kinds in :data:`HIDDEN_KINDS`;
+      those kept on chip count negative), for each kind with any.
   """
   live_bytes: np.ndarray
   peak_bytes: int
@@ -48,6 +52,14 @@ class Profile:
   intervals: tuple[tuple[int, int], ...] | None = None
   virtual: np.ndarray | None = None
   stored_broadcasts: tuple[tuple[int, int, int, int], ...] = ()
+  hidden_at_peak: tuple[tuple[str, int], ...] = ()
+
+
+#: The kinds of :attr:`Profile.hidden_at_peak`: XLA's buffers that are no value
+#: of the program, in the order the estimate adds them.
+HIDDEN_KINDS = ("index arrays built up front", "copies of arguments the step overwrites",
+                "layout copies for convolutions", "broadcasts stored for reductions",
+                "working buffers of single ops", "temporaries kept on chip")
 
 
 def profile_from_intervals(num_positions: int, starts: Sequence[int], ends: Sequence[int],
@@ -597,21 +609,26 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   ends = [max(end[v], start[v]) for v in ids]
   nbytes = flow.nbytes
   sizes = [0 if virtual[v] else nbytes[v] for v in ids]
+  # Where each kind of `HIDDEN_KINDS` starts among the intervals.
+  kind_starts = [len(sizes)]
   for s, h in enumerate(flow.hoisted):
     if h:
       starts.append(0)
       ends.append(pos[s])
       sizes.append(h)
+  kind_starts.append(len(sizes))
   for x, s in flow.copies.items():
     starts.append(0)
     ends.append(pos[s])
     sizes.append(flow.nbytes[x])
+  kind_starts.append(len(sizes))
   for (x, nbytes), last in copy_last.items():   # from the operand's start to the last reader
     if start[x] < 0:
       continue
     starts.append(min(start[x], last))
     ends.append(last)
     sizes.append(nbytes)
+  kind_starts.append(len(sizes))
   readers_of: dict[tuple[int, int], list[int]] = {}
   for s, reads in enumerate(flow.shared_reads):
     for key in reads:
@@ -635,6 +652,7 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   for s, t in enumerate(flow.transient):
     transient[pos[s]] += t
   live = _live_curve(flow.num_steps + 1, starts, ends, sizes) + np.asarray(transient, np.int64)
+  on_chip = None
   if flow.on_chip > 0:
     # Arguments, outputs and constants stay in device memory, and so does a
     # buffer larger than the on-chip memory; of the other temporaries, up to
@@ -643,9 +661,17 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
                        [b if b <= flow.on_chip and (i >= len(ids) or ids[i] not in flow.materialized)
                         else 0 for i, b in enumerate(sizes)])
     fits = fits + np.asarray(transient, np.int64)
-    live = live - np.minimum(fits, flow.on_chip)
+    on_chip = np.minimum(fits, flow.on_chip)
+    live = live - on_chip
   prof = _profile_of(live, starts, ends, sizes)
   holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
+  hidden = [0] * len(HIDDEN_KINDS)
+  for i, b in zip(prof.holders, prof.holder_bytes):
+    if i >= len(ids):
+      hidden[bisect.bisect_right(kind_starts, i) - 1] += b
+  hidden[4] = transient[prof.peak_index] if prof.peak_index < len(transient) else 0
+  if on_chip is not None and prof.peak_index < len(on_chip):
+    hidden[5] = -int(on_chip[prof.peak_index])
   for v, keep in merged.items():      # stored by the value it was merged into
     start[v], end[v] = start[keep], end[keep]
     virtual[v] = True
@@ -654,4 +680,6 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
                              holder_bytes=tuple(b for _, b in holders), intervals=intervals,
                              virtual=virtual,
-                             stored_broadcasts=tuple(stored_broadcasts)), virtual
+                             stored_broadcasts=tuple(stored_broadcasts),
+                             hidden_at_peak=tuple((k, int(b)) for k, b in zip(HIDDEN_KINDS, hidden)
+                                                  if b)), virtual
