@@ -196,6 +196,7 @@ def main() -> None:
     module = "jit_planned"
   else:
     jitted = jax.jit(step, donate_argnums=donate)
+    module = f"jit_{getattr(step, '__name__', 'step')}"   # XLA names the module after it
   if args.dump is None:
     compiled = jitted.lower(*target.place(tuple(step_args))).compile()
     print(f"compiled peak (memory_analysis): {format_bytes(compiled_memory(compiled).peak_bytes)}")

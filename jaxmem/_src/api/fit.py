@@ -362,7 +362,7 @@ class Fitted:
                         backend=self.backend)
       compiled = jitted.lower(*placed).compile()
       tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit))
-      self._log(f"round {len(tried)}: target {format_bytes(target)} -> estimate "
+      self._log(f"round {len(tried)} ({plan.planner}): target {format_bytes(target)} -> estimate "
                 f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
                 f"{format_bytes(tried[-1].memory.peak_bytes)} ({len(plan.decisions)} decisions"
                 f"{', options ' + str(options) if options else ''})")

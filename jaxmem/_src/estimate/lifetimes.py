@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxmem._src.estimate.xla_model import (ALLOWED_CODE_DUPLICATION, INDEX_BRANCHES,
-                                            INDEX_BROADCAST, INDEX_SAME, CseKey)
+from jaxmem._src.estimate.xla_model import (ALLOWED_CODE_DUPLICATION, FUSES_ANY, FUSES_SOLE,
+                                            INDEX_BRANCHES, INDEX_BROADCAST, INDEX_SAME, CseKey)
 from jaxmem._src.ir.primitives import FUSIBLE_CONSUMERS, Fusion
 
 
@@ -123,9 +123,10 @@ class Flow:
       temporaries up to this many bytes are not counted. Arguments, outputs,
       constants and any buffer larger than the on-chip memory always count.
     fuses_operands: per step, whether the compiler fuses elementwise
-      producers into it although its own result is stored (XLA:TPU's
-      dot fusions: see
-      :func:`~jaxmem._src.estimate.xla_model.operand_fusions`).
+      producers into it although its own result is stored: wherever they
+      are read (``FUSES_ANY``: XLA:TPU's dot fusions) or where it alone
+      reads them (``FUSES_SOLE``: XLA:CPU's library fusions); see
+      :func:`~jaxmem._src.estimate.xla_model.operand_fusions`.
     copies: ``{value id: step}``: a donated argument XLA copies at the start
       before writing its new value in place, the copy live until that step
       (:func:`~jaxmem._src.estimate.xla_model.donation_copies`).
@@ -492,8 +493,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   # Per step: may a producer fuse into it (a fusible kind, or a step that
   # fuses its operands although its own result is stored)?
   fuses = flow.fuses_operands
-  fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c])
+  fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c] == FUSES_ANY)
              for c, k in enumerate(flow.step_kind)]
+  # Steps that fuse an operand only where they alone read it (XLA:CPU's
+  # library fusions, `xla_model.operand_fusions`).
+  sole = [f == FUSES_SOLE for f in fuses] if fuses and FUSES_SOLE in fuses else None
   # XLA's code-duplication limit (`Flow.indexing`): per fused value, per
   # fusion, the readers that index it anew and how often it is emitted.
   indexing = flow.indexing or None
@@ -552,7 +556,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
         cs = _through_aliases(flow, consumers, o)
-        if not all(map(fusible.__getitem__, cs)):
+        if not all(map(fusible.__getitem__, cs)) and not (
+            sole is not None and len(cs) == 1 and sole[cs[0]] and consumers[o] == cs):
           continue
         if indexing is not None and len(cs) > 1:
           closed = _closed_readers(flow, cs, groups, closed_roots)

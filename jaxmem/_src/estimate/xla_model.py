@@ -92,14 +92,24 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
   if backend != "cpu":
     return 0, 0
   if name == "conv_general_dilated":
+    out_bytes = _nbytes(eqn.outvars[0].aval)
+    # A batch-grouped convolution (the kernel gradient of a grouped or
+    # depthwise one) is expanded by XLA:CPU's ConvolutionGroupConverter into
+    # a dense convolution whose kernel is masked: its result, `groups` times
+    # the kernel gradient, and the masked copy of it (measured on a
+    # MobileNet-v2 step: f32[384,3,3,384] and f32[3,3,384,384] for the
+    # gradient of a 3x3 depthwise kernel over 384 channels, both live at the
+    # compiled peak; the estimate was 7.6% under it without them).
+    groups = int(eqn.params.get("batch_group_count", 1) or 1)
+    expanded = 2 * out_bytes * groups if groups > 1 else 0
     # Operands in a layout of their own are copied where they are made
     # (`early_layout_copies`); a result in one is written natively, then
     # transposed: both buffers live while the convolution runs.
     dn = eqn.params["dimension_numbers"]
     n = len(eqn.invars[0].aval.shape)
     if tuple(dn.out_spec) != _native_spec(n, "out"):
-      return _nbytes(eqn.outvars[0].aval), 0
-    return 0, 0
+      return out_bytes + expanded, 0
+    return expanded, 0
   if name == "select_and_scatter_add":
     source, operand = eqn.invars[0].aval, eqn.invars[1].aval
     if substituted:
@@ -476,7 +486,12 @@ def _ancestors(program: Program, index: int) -> set[int]:
   return seen
 
 
-def operand_fusions(program: Program) -> tuple[bool, ...]:
+#: :func:`operand_fusions`: the op fuses its elementwise operands wherever
+#: they are read (XLA:TPU, XLA:GPU), or only an operand it alone reads (XLA:CPU).
+FUSES_ANY, FUSES_SOLE = 1, 2
+
+
+def operand_fusions(program: Program) -> tuple[int, ...]:
   """Per op, whether the compiler fuses elementwise producers into its operands.
 
   XLA:TPU fuses the elementwise chain that feeds a dot into the dot's own
@@ -499,12 +514,24 @@ def operand_fusions(program: Program) -> tuple[bool, ...]:
   XLA:GPU's gemm fusions do the same (a Dense + ReLU stack for an H100 stores
   each dot's output, not the bias add or the ReLU: the demo MLP's estimate
   +61.5% -> +7.7%, the GPT's +14.3% -> -2.8%;
-  ``bench/results/gpu_h100_estimate.md``). XLA:CPU calls a library for dots
-  and reads stored operands: all ``False`` there.
+  ``bench/results/gpu_h100_estimate.md``). Those are :data:`FUSES_ANY`.
+
+  XLA:CPU hands a float32 matmul to a YNNPACK fusion that grows up into an
+  elementwise operand only when every reader of the operand is inside the
+  fusion (``LibraryRewriter::AddFusionCandidates``): :data:`FUSES_SOLE`, an
+  operand the matmul alone reads, directly. Measured on a K-means step:
+  ``2.0 * points`` before ``@ centroids.T`` is computed inside the matmul's
+  fusion, never stored (the estimate was +25% of the compiled peak with it
+  stored). An operand also read elsewhere (a forward activation the
+  backward pass reads too) stays stored.
   """
+  if program.backend == "cpu":
+    return tuple(FUSES_SOLE if op.primitive == "dot_general" and all(
+        program.vars[x].dtype == "float32" for x in op.input_ids()) else 0
+                 for op in program.ops)
   if program.backend not in ("tpu", "gpu"):
-    return (False,) * program.num_ops
-  return tuple(op.primitive == "dot_general" for op in program.ops)
+    return (0,) * program.num_ops
+  return tuple(FUSES_ANY if op.primitive == "dot_general" else 0 for op in program.ops)
 
 
 #: Per op, the results it stores nothing for: ``(result index, input
