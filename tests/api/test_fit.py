@@ -353,3 +353,24 @@ def test_fit_stacks_an_nnx_scans_carries_in_the_native_store():
   for a, b in zip(jax.tree.leaves(fitted(*args)), jax.tree.leaves(jax.jit(step)(*args))):
     np.testing.assert_array_equal(a, b)
   assert jaxmem.native.store_stats().live_entries == 0
+
+
+def test_floor_advice_follows_the_largest_kinds():
+  from jaxmem._src.api.fit import UNMODELLED, floor_advice
+  mib = 2 ** 20
+  args = floor_advice([("parameters", 60 * mib), ("optimizer state", 30 * mib),
+                       ("activations kept for the backward pass", 10 * mib)], 100 * mib,
+                      donated=True, cpu=True, fallback=False)
+  assert "arguments hold 90%" in args and "100.00 MiB" in args
+  assert "activations" not in args and "donate" not in args
+  acts = floor_advice([("activations kept for the backward pass", 70 * mib),
+                       ("outputs (new state, loss)", 20 * mib), (UNMODELLED, 10 * mib)],
+                      100 * mib, donated=False, cpu=True, fallback=False)
+  assert "activations and temporaries hold 70%" in acts
+  assert "donate the state" in acts and "XLA's own buffers hold 10%" in acts
+  assert "compiler_fallback" in acts
+  assert "compiler_fallback" not in floor_advice([(UNMODELLED, mib)], mib, donated=True,
+                                                 cpu=False, fallback=False)
+  scans = floor_advice([("values stacked by scans", 50 * mib), ("parameters", 50 * mib)],
+                       100 * mib, donated=True, cpu=False, fallback=False)
+  assert "`jax.checkpoint` on the scan body" in scans

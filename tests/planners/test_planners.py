@@ -201,6 +201,10 @@ def test_planners_run_without_the_cycle_collector_and_leave_it_as_they_found_it(
     return profile(self)
 
   monkeypatch.setattr(Schedule, "profile", spy)
+  # (The program caches its greedy plans and schedules: an earlier test's
+  # plan would be returned without estimating anything.)
+  for cache in ("_greedy_plans", "_recent_schedules"):
+    prog.__dict__.pop(cache, None)
   planner = jaxmem.get_planner(name)
   assert gc.isenabled()
   planner(prog, int(prog.peak_bytes * 0.7), "h100-pcie")
@@ -212,3 +216,17 @@ def test_planners_run_without_the_cycle_collector_and_leave_it_as_they_found_it(
     assert not gc.isenabled()
   finally:
     gc.enable()
+
+
+def test_greedy_searches_each_plan_once_per_program(mlp_program):
+  """Greedy is deterministic: the same request on one program returns the plan
+  already searched (segments' fallback asks for `auto`'s greedy plan again),
+  and any other request searches anew."""
+  prog, _, _ = mlp_program
+  greedy = jaxmem.get_planner("greedy")
+  budget = int(prog.peak_bytes * 0.6)
+  first = greedy(prog, budget, "h100-pcie")
+  assert greedy(prog, budget, "h100-pcie") is first
+  assert greedy(prog, budget - 1, "h100-pcie") is not first
+  assert greedy(prog, budget, "cpu") is not first
+  assert greedy(prog, budget, "h100-pcie", copies="async") is not first

@@ -343,13 +343,17 @@ class Fitted:
     tightest_limit = 1 if self.target.takes_memory_limit else None
     floors: list[_Attempt] = []
 
-    def attempt(target: int, options: dict[str, Any], planner: Planner | None = None,
-                limit: int | None = None) -> _Attempt:
+    def plan_for(target: int, planner: Planner | None = None) -> Plan:
+      """The planner's plan for ``target`` (each planned once)."""
       target = max(0, int(target))
       key = (id(program), target, id(planner))
       if key not in plans:
         plans[key] = self._plan(program, target, planner)
-      plan = plans[key]
+      return plans[key]
+
+    def attempt(target: int, options: dict[str, Any], planner: Planner | None = None,
+                limit: int | None = None) -> _Attempt:
+      plan = plan_for(target, planner)
       if limit is not None:
         options = {**options, **self.target.memory_limit_options(limit, base_mem.peak_bytes)}
       # The fallback planners often return the plan `auto` already chose, and a
@@ -400,7 +404,11 @@ class Fitted:
           unused = budget - found.memory.peak_bytes
           if not found.plan.decisions or unused < RELAX_MIN_UNUSED * budget:
             break
-          looser = attempt(found.plan.estimated_peak_bytes + unused, options, planner, found.limit)
+          loose_target = found.plan.estimated_peak_bytes + unused
+          same = plan_for(loose_target, planner)
+          if same.decisions == found.plan.decisions and same.pinned == found.plan.pinned:
+            break          # nothing the planner would loosen: no compile for it
+          looser = attempt(loose_target, options, planner, found.limit)
           if looser.memory.peak_bytes > budget:
             break
           looser_cost = simulate(looser.plan, self.device).step_time_s

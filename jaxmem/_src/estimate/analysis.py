@@ -69,7 +69,7 @@ class AnalyzedProgram(Program):
   dead: tuple[bool, ...]
   fused: tuple[bool, ...]
   rematerializable: tuple[bool, ...]
-  operand_fusions: tuple[bool, ...]
+  operand_fusions: tuple[int, ...]
   donation_copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwards: tuple[xla_model.Forwards, ...] = ()
   epilogues: tuple[bool, ...] = ()
@@ -131,7 +131,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
-                    movable: tuple[bool, ...], fusing: tuple[bool, ...],
+                    movable: tuple[bool, ...], fusing: tuple[int, ...],
                     copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...],
                     epilogues: tuple[bool, ...], indexing: tuple[int, ...] = ()) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""

@@ -167,7 +167,7 @@ class Flow:
   movable: Sequence[bool] | None = None
   cse_keys: Sequence[CseKey | None] | None = None
   on_chip: int = 0
-  fuses_operands: Sequence[bool] | None = None
+  fuses_operands: Sequence[int] | None = None
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   epilogues: Sequence[bool] | None = None
