@@ -556,8 +556,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
         cs = _through_aliases(flow, consumers, o)
+        # (A library fusion takes an elementwise operand only: a concatenate
+        # or a broadcast feeding the matmul is stored.)
         if not all(map(fusible.__getitem__, cs)) and not (
-            sole is not None and len(cs) == 1 and sole[cs[0]] and consumers[o] == cs):
+            sole is not None and len(cs) == 1 and sole[cs[0]] and consumers[o] == cs
+            and indexing is not None and indexing[s] == INDEX_SAME):
           continue
         if indexing is not None and len(cs) > 1:
           closed = _closed_readers(flow, cs, groups, closed_roots)
