@@ -495,9 +495,6 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   fuses = flow.fuses_operands
   fusible = [k in FUSIBLE_CONSUMERS or bool(fuses and fuses[c] == FUSES_ANY)
              for c, k in enumerate(flow.step_kind)]
-  # Steps that fuse an operand only where they alone read it (XLA:CPU's
-  # library fusions, `xla_model.operand_fusions`).
-  sole = [f == FUSES_SOLE for f in fuses] if fuses and FUSES_SOLE in fuses else None
   # XLA's code-duplication limit (`Flow.indexing`): per fused value, per
   # fusion, the readers that index it anew and how often it is emitted.
   indexing = flow.indexing or None
@@ -556,10 +553,11 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         pass                                          # a bitcast: always an alias
       elif kind is Fusion.CHEAP or (kind is Fusion.EXPENSIVE and len(consumers[o]) == 1):
         cs = _through_aliases(flow, consumers, o)
-        # (A library fusion takes an elementwise operand only: a concatenate
-        # or a broadcast feeding the matmul is stored.)
+        # A step that fuses an operand only where it alone reads it (XLA:CPU's
+        # library fusions, `xla_model.operand_fusions`) takes an elementwise
+        # one only: a concatenate or a broadcast feeding the matmul is stored.
         if not all(map(fusible.__getitem__, cs)) and not (
-            sole is not None and len(cs) == 1 and sole[cs[0]] and consumers[o] == cs
+            fuses and len(cs) == 1 and fuses[cs[0]] == FUSES_SOLE and consumers[o] == cs
             and indexing is not None and indexing[s] == INDEX_SAME):
           continue
         if indexing is not None and len(cs) > 1:

@@ -531,9 +531,9 @@ def build_schedule(program: AnalyzedProgram, decisions: Sequence[Decision],
 # `auto`; an asynchronous schedule is placed on its synchronous one): measured
 # on ResNet-50 under `auto`, 7 of 49 schedule estimates were repeats, about
 # 0.1 s each there. A cached schedule carries its memoized profile. Schedules
-# are immutable; the last 16 per program (ResNet-50: about 4 MiB each), kept on
-# the program (a weak mapping
-# would never let go: each schedule refers to its program).
+# are immutable; the last 16 per program (ResNet-50: about 4 MiB each) are
+# kept on the program (a weak mapping would never let go: each schedule
+# refers to its program).
 _RECENT_SCHEDULES = 16
 
 

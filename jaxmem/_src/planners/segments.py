@@ -364,13 +364,12 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
   best: tuple[float, int, Plan, list[Segment]] | None = None
   fitting = 0
   for guess, segs in options:
-    if best is not None and best[0] < float("inf") and guess >= best[0]:
+    # The cost to beat: the best fitting plan's, or the caller's.
+    cap = min(best[0], cap_s) if best is not None else cap_s
+    if guess >= cap:
       continue
-    if guess >= cap_s:
-      continue             # no better than the plan the caller already has
     if fitting >= max_tries:
       break
-    cap = min(best[0], cap_s) if best is not None else cap_s
     found = _plan_for_segments(program, budget_bytes, segs, pins, copies, window, cap)
     if found is None:
       continue             # no prefix that fits costs less than the best plan
