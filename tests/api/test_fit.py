@@ -67,6 +67,30 @@ def test_cnn_fits_half_its_peak():
   assert "3 lowering substitutions" in res.plan.summary()
 
 
+def test_probe_compiles_read_the_memory_of_the_compiles_that_run(mlp_small):
+  """`fit` reads each candidate plan's memory from a probe compile (XLA:CPU without LLVM's
+  optimizations, `Target.probe_options`) and compiles the plan it keeps again as it runs: the
+  two compiles' `memory_analysis()` agree, unplanned and planned (every corpus step:
+  bench/results/probe_compiles.md), and the fitted step is the compile as it runs."""
+  from jaxmem._src.estimate.targets import get_target
+  from jaxmem._src.lower.backend import jit_plan
+
+  probe = get_target(None).probe_options
+  assert probe == {"xla_backend_optimization_level": 0}
+  step, args = mlp_small
+  plan = jaxmem.plan(step, *args, budget=0.5, planner="greedy")
+  assert plan.decisions
+  for jitted in (jax.jit(step), jit_plan(plan)):
+    lowered = jitted.lower(*args)
+    assert jaxmem.compiled_memory(lowered.compile(probe)) == jaxmem.compiled_memory(
+        lowered.compile())
+  fitted = jaxmem.fit(0.75)(step)
+  res = fitted.fit_result(*args)
+  assert res.rounds >= 1
+  assert res.peak_bytes == jaxmem.compiled_memory(fitted.lower(*args).compile()).peak_bytes
+  assert res.compiler_options == {}
+
+
 def test_already_fits_means_no_plan(mlp_small):
   step, args = mlp_small
   fitted = jaxmem.fit(1.0)(step)

@@ -246,3 +246,23 @@ def test_flax_nnx_split_merge_step():
   res = fitted.fit_result(*args)
   assert res.peak_bytes <= res.budget_bytes
   close(fitted(*args), jax.jit(step)(*args))
+
+
+def test_a_probe_compile_that_misreads_memory_is_caught_and_searched_again(monkeypatch, capsys):
+  """`fit` reads candidate plans' memory from probe compiles (`Target.probe_options`) and
+  compiles what it keeps or reports again as it runs. Were a probe to read less than the step's
+  own compile (forced here: probes without YNNPACK fusions, which XLA:CPU's defaults make, so
+  the BatchNorm CNN's probes read 6.8 MiB where its compiles peak at 10.8 MiB), the smallest
+  peak a `BudgetError` reports would not be reachable: the search runs again with every
+  compile as it runs, and the error reports what those reach."""
+  from jaxmem._src.estimate.targets import Target
+
+  step, args = make_bn_cnn()
+  peak = jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
+  monkeypatch.setattr(Target, "probe_options",
+                      property(lambda self: {"xla_cpu_experimental_ynn_fusion_type": ""}))
+  with pytest.raises(jaxmem.BudgetError) as err:
+    jaxmem.fit(int(0.55 * peak), verbose=True)(step).fit_result(*args)
+  assert "searching again without probe compiles" in capsys.readouterr().err
+  # Plain compiles floor above 0.7 of the peak on this step; the probes read 0.6.
+  assert err.value.smallest_bytes > 0.7 * peak

@@ -163,6 +163,8 @@ def test_memory_limit_options_hit_the_limit_and_leave_xla_s_remat_alone():
       assert abs(hbm * mib * pct / 100 - limit) <= 0.01 * limit
   assert get_target("local").memory_limit_options(100 * mib, 400 * mib) == {}
   assert t.memory_limit_options(0, 400 * mib) == {}
+  # Probe compiles (`fit`'s compiles that only read memory) are measured on XLA:CPU only.
+  assert t.probe_options == {}
 
 
 def test_planned_offloads_free_memory_on_xla_tpu_only_under_the_scheduler_limit():
