@@ -363,6 +363,16 @@ class Fitted:
     # The attempts of the search under way (`search`), compiled or found again.
     searching: list[list[_Attempt]] = []
 
+    def compile_attempt(plan: Plan, options: dict[str, Any], limit: int | None) -> _Attempt:
+      """``plan``'s step compiled as a probe (``probe_options``), appended to ``tried``."""
+      jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
+                        backend=self.backend)
+      lowered = jitted.lower(*placed)
+      compiled = lowered.compile(probe_options or None)
+      tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit,
+                            lowered))
+      return tried[-1]
+
     def plan_for(target: int, planner: Planner | None = None) -> Plan:
       """The planner's plan for ``target`` (each planned once)."""
       target = max(0, int(target))
@@ -384,12 +394,7 @@ class Fitted:
         if searching:
           searching[-1].append(compiled_plans[same])
         return compiled_plans[same]
-      jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
-                        backend=self.backend)
-      lowered = jitted.lower(*placed)
-      compiled = lowered.compile(probe_options or None)
-      tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit,
-                            lowered))
+      compile_attempt(plan, options, limit)
       self._log(f"round {len(tried)} ({plan.planner}): target {format_bytes(target)} -> estimate "
                 f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
                 f"{format_bytes(tried[-1].memory.peak_bytes)} ({len(plan.decisions)} decisions"
@@ -622,12 +627,7 @@ class Fitted:
                                                on_device=on_device)
           prog = analyze_step(fun, dyn, donate_argnums=donate, arg_names=names, target=target)
           plan = Plan(prog, (), budget, prog.peak_bytes, prog.peak_bytes, "none")
-          jitted = jit_plan(plan, donate_argnums=donate, compiler_options=options,
-                            backend=self.backend)
-          lowered = jitted.lower(*placed)
-          compiled = lowered.compile(probe_options or None)
-          tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit,
-                                lowered))
+          compile_attempt(plan, options, limit)
           probed[k, offload, on_device] = tried[-1]
           where = ""
           if offload:
