@@ -20,8 +20,10 @@ that dominate on the models we measure (XLA:CPU, jax 0.10.2; ``docs/design.md``,
   the operand is made (:func:`early_layout_copies`); a result in another
   layout is transposed while the convolution runs (:func:`hidden_bytes`).
 * **Expansions.** ``select_and_scatter_add`` (max-pool gradient) is expanded on
-  the CPU into index arrays of the operand's shape per dimension, hoisted to the
-  program start, plus a zeroed output and the reduce-window index outputs.
+  the CPU into an argmax over the windows, run in the forward pass from index
+  arrays of the operand's shape built at the program start, whose index array
+  lives until a scatter into zeros in the backward pass
+  (:func:`pool_argmax_expansions`).
 * **Stored broadcasts** (:func:`shared_broadcasts`), **constants hoisted to the
   program start** (:func:`hoisted_constants`, :func:`hoisted_scalar_broadcasts`),
   **common-subexpression elimination** (:func:`cse_keys`) and **the optimizer
@@ -116,13 +118,62 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
       # reshape + argmax + select: a transposed copy of the operand and the
       # scattered result before its inverse transpose.
       return 2 * _nbytes(operand), 0
-    elems = int(np.prod(operand.shape)) if operand.shape else 1
-    src_elems = int(np.prod(source.shape)) if source.shape else 1
-    rank = len(operand.shape)
-    hoisted = rank * elems * 4                      # s32 iotas, one per dimension
-    transient = _nbytes(operand) + (rank + 1) * src_elems * 4
-    return transient, hoisted
+    # XLA:CPU's expansion finds the window maxima where the operand is made
+    # (`pool_argmax_expansions`); the scatter itself reads the index array
+    # made there (`early_layout_copies`) and a copy of the source.
+    return _nbytes(source), 0
   return 0, 0
+
+
+def pool_argmax_expansions(program: Program, planned: bool = False) -> dict[int, tuple[int, int]]:
+  """``{op index: (hoisted, transient)}``: XLA:CPU's max-pool argmax, charged where its operand is made.
+
+  XLA:CPU expands ``select_and_scatter_add`` (the gradient of a max pool)
+  into a variadic ``reduce-window`` over the operand and one ``s32`` iota
+  per operand dimension (the window maxima and their coordinates), whose
+  coordinates are concatenated into one ``s32[source elements, rank]``
+  index array, and a ``scatter`` of the source at those indices. The iotas
+  are built at the program start; the ``reduce-window`` runs as soon as
+  the operand exists, in the forward pass, where the iotas die, and only
+  the index array lives until the backward scatter (measured on a UNet
+  step, jax 0.10.2: iotas ``s32[12,60,60,24]`` x4 made at the start and
+  read once at the forward pool; ``s32[259200,4]`` from there to the
+  scatter). The scatter writes into zeros also built at the start, unless
+  its result is only added to another gradient of its shape (a UNet's skip
+  connection), which XLA scatters into instead (as :func:`_added_into`).
+  Charging the iotas until the backward scatter put the estimate +28% over
+  the compiled peak. So: the iotas are hoisted bytes of the op that makes
+  the operand, the window maxima a transient of that op, the index array
+  (their coordinates) an early copy read by the scatter
+  (:func:`early_layout_copies`) and the zeros hoisted bytes of the scatter.
+  An operand that is an argument is pooled at the start: no iotas. ``planned``: as :func:`op_memory_model`, a
+  substituted gradient (:mod:`jaxmem._src.ir.substitutions`) expands to none of it.
+  """
+  if program.backend != "cpu":
+    return {}
+  out: dict[int, tuple[int, int]] = {}
+  for op in program.ops:
+    if op.primitive != "select_and_scatter_add" or (planned and substitutions.applies(op.eqn)):
+      continue
+    source, operand = op.eqn.invars[0].aval, op.eqn.invars[1].aval
+    elems = int(np.prod(operand.shape)) if operand.shape else 1
+    rank = len(operand.shape)
+    x = op.inputs[1]
+    maker = program.vars[x].defined_by if isinstance(x, int) else None
+    at = maker if maker is not None and maker >= 0 else op.index
+    hoisted = rank * elems * 4 if at != op.index else 0      # s32 iotas, one per dimension
+    # The maxima; their coordinates are the index array, an early copy the
+    # scatter reads from here on (`early_layout_copies`).
+    transient = _nbytes(source)
+    h, t = out.get(at, (0, 0))
+    out[at] = (h + hoisted, t + transient)
+    if not _added_to_another(program, op.outputs[0]):
+      # The zeros the scatter writes into, built at the start with the iotas,
+      # unless the gradient is added to another one (a UNet's skip
+      # connection), which XLA scatters into instead.
+      h, t = out.get(op.index, (0, 0))
+      out[op.index] = (h + _nbytes(operand), t)
+  return out
 
 
 def early_layout_copies(eqn: _compat.JaxprEqn, backend: str) -> tuple[tuple[int, int], ...]:
@@ -143,7 +194,15 @@ def early_layout_copies(eqn: _compat.JaxprEqn, backend: str) -> tuple[tuple[int,
   output gradient is made just before its convolution, so its copy is
   short-lived wherever it starts.
   """
-  if backend != "cpu" or eqn.primitive.name != "conv_general_dilated":
+  if backend != "cpu":
+    return ()
+  if eqn.primitive.name == "select_and_scatter_add":
+    # The argmax index array (`pool_argmax_expansions`), made where the
+    # operand is: the scatter reads it, not the operand.
+    source, operand = eqn.invars[0].aval, eqn.invars[1].aval
+    src_elems = int(np.prod(source.shape)) if source.shape else 1
+    return ((1, len(operand.shape) * src_elems * 4),)
+  if eqn.primitive.name != "conv_general_dilated":
     return ()
   dn = eqn.params["dimension_numbers"]
   n = len(eqn.invars[0].aval.shape)
@@ -326,11 +385,15 @@ def op_memory_models(program: Program) -> tuple[tuple[OpMemory, ...], tuple[OpMe
 def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, int], ...], ...],
                scalar_hoists: tuple[int, ...]) -> tuple[OpMemory, ...]:
   out = []
+  pools = pool_argmax_expansions(program, planned)
   for op, sh, sc in zip(program.ops, shared, scalar_hoists):
     subst = planned and substitutions.applies(op.eqn)
     kind = Fusion.MATERIALIZED if subst else op_fusion_kind(program, op)
     t, h = hidden_bytes(op.eqn, program.backend, substituted=subst)
-    early = early_layout_copies(op.eqn, program.backend)
+    early = () if subst else early_layout_copies(op.eqn, program.backend)
+    if op.index in pools:
+      ph, pt = pools[op.index]
+      h, t = h + ph, t + pt
     h += sc
     if program.device_fraction is not None:   # sharded: this device's share
       fraction = program.device_fraction[op.index]
@@ -404,10 +467,11 @@ def hoisted_constants(program: Program) -> frozenset[int]:
   (an embedding's or a ``segment_sum``'s gradient): a DLRM step's ten
   table-sized zero buffers are all created in the forward pass and live
   until their scatters in the backward pass, 19 MiB at its peak that the
-  estimate missed (-22.4% of the compiled peak), when the scatter's indices
-  are data, not constants. Constants feeding fusions
-  are created next to their consumer (or fused away). ``select_and_scatter``'s
-  hoisted index arrays are charged by its own rule (:func:`hidden_bytes`).
+  estimate missed (-22.4% of the compiled peak), and so are the zeros of a
+  nearest resize's gradient, whose indices are constants. Constants feeding
+  fusions are created next to their consumer (or fused away).
+  ``select_and_scatter``'s hoisted iotas and zeros are charged by its own
+  rule (:func:`pool_argmax_expansions`).
   """
   cpu = program.backend == "cpu"
 
@@ -416,13 +480,11 @@ def hoisted_constants(program: Program) -> frozenset[int]:
     if primitives.facts(op.primitive).matrix_unit:
       return True
     # The accumulator only (operand 0), not constant updates (a sum's
-    # cotangent), and where the indices are data (an embedding's ids, a
-    # graph's edges): a resize's gradient, whose indices are constants,
-    # scatters into zeros created next to it (a UNet with bilinear
-    # upsampling: +13.6% -> +18.4% of its compiled peak when they were
-    # counted from the start).
+    # cotangent), whatever the indices: a GroupNorm UNet's nearest-resize
+    # gradients scatter into zeros made at the start (the estimate -9.8% of
+    # its compiled peak without them; an earlier exclusion of constant
+    # indices had been measured while max-pool iotas were over-counted).
     return (cpu and op.primitive == "scatter-add" and op.inputs[0] == v
-            and isinstance(op.inputs[1], int) and not program.constant_like[op.inputs[1]]
             and not _added_into(program, op))
 
   return frozenset(
@@ -468,6 +530,11 @@ def _added_into(program: Program, scatter: Op, depth: int = 4) -> bool:
   if not isinstance(fill, _compat.Literal) or np.any(np.asarray(fill.val) != 0):
     return False
   (out,) = scatter.outputs
+  return _added_to_another(program, out, depth)
+
+
+def _added_to_another(program: Program, out: int, depth: int = 4) -> bool:
+  """Whether the only reader of ``out`` adds it to another value of its shape that is no scatter."""
   uses = program.vars[out].uses
   if len(uses) != 1:
     return False
