@@ -125,7 +125,8 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
   return 0, 0
 
 
-def pool_argmax_expansions(program: Program, planned: bool = False) -> dict[int, tuple[int, int]]:
+def pool_argmax_expansions(program: Program,
+                           planned: bool = False) -> dict[int, tuple[int, int]]:
   """``{op index: (hoisted, transient)}``: XLA:CPU's max-pool argmax, charged where its operand is made.
 
   XLA:CPU expands ``select_and_scatter_add`` (the gradient of a max pool)
@@ -146,8 +147,9 @@ def pool_argmax_expansions(program: Program, planned: bool = False) -> dict[int,
   the operand, the window maxima a transient of that op, the index array
   (their coordinates) an early copy read by the scatter
   (:func:`early_layout_copies`) and the zeros hoisted bytes of the scatter.
-  An operand that is an argument is pooled at the start: no iotas. ``planned``: as :func:`op_memory_model`, a
-  substituted gradient (:mod:`jaxmem._src.ir.substitutions`) expands to none of it.
+  An operand that is an argument is pooled at the start: no iotas.
+  ``planned``: as :func:`op_memory_model`, a substituted gradient
+  (:mod:`jaxmem._src.ir.substitutions`) expands to none of it.
   """
   if program.backend != "cpu":
     return {}
