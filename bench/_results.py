@@ -9,6 +9,7 @@ README (``tests/test_readme.py`` fails when the two differ).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 from typing import Any
@@ -54,5 +55,6 @@ def commit() -> str:
                             "examples"], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
-    return "?"
+    # A copy of the tree without .git (the device machine): the caller says.
+    return os.environ.get("JAXMEM_COMMIT", "?")
   return head + ("+dirty" if dirty else "")

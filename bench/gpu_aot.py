@@ -81,6 +81,16 @@ def run(names: list[str], fit: bool) -> list[dict[str, Any]]:
   return rows
 
 
+def cuda_plugin() -> str:
+  """The installed jax CUDA plugin and its version (``jax-cuda12-plugin 0.10.2``)."""
+  for name in ("jax-cuda12-plugin", "jax-cuda13-plugin"):
+    try:
+      return f"{name} {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  return "no CUDA plugin"
+
+
 def device_run() -> dict[str, Any]:
   """``bench/results/gpu.json``: the H100's rows and meta (empty when absent)."""
   path = ROOT / "bench" / "results" / "gpu.json"
@@ -99,11 +109,12 @@ def cell(r: dict[str, Any] | None) -> str:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
   dev = {(r["model"], r["method"]): r for r in device_run()["rows"]}
+  plugin = meta["plugin"] if " " in meta["plugin"] else f"jax-cuda12-plugin {meta['plugin']}"
   lines = [
       "# The `gpu:h100` target against an H100",
       "",
       f"`python bench/gpu_aot.py` ({meta['date']}, commit {meta['commit']}; jax {meta['jax']}, "
-      f"jax-cuda12-plugin {meta['plugin']}, on a machine without a GPU) against "
+      f"{plugin}, {meta.get('machine') or 'on a machine without a GPU'}) against "
       f"`bench/results/gpu.json` (an H100 of the device machine, jax {meta['device_jax']}). "
       "Peaks in MiB (argument + output + temp - alias of `memory_analysis()`); the fit "
       "rows are `jaxmem.fit(0.5, backend='xla')` (on the H100 planned and verified there, "
@@ -138,7 +149,7 @@ def main() -> None:
   rows = run(names, not a.no_fit)
   dev = device_run()["meta"]
   meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), commit=started, jax=jax.__version__,
-              plugin=importlib.metadata.version("jax-cuda12-plugin"),
+              plugin=cuda_plugin(), machine=os.environ.get("JAXMEM_MACHINE", ""),
               device_jax=dev.get("jax", "?"), models=names, wall_s=time.perf_counter() - T0)
   out.mkdir(parents=True, exist_ok=True)
   (out / "gpu_aot.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

@@ -30,13 +30,16 @@ Run (on the GPU machine): ``python bench/gpu_bench.py --out DIR [--models mlp,gp
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import gzip
 import importlib
 import json
 import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -115,6 +118,46 @@ def time_steps(compiled: Any, args: Any, steps: int) -> tuple[float, list[Any]]:
   return statistics.median(times), out
 
 
+def kernel_profile(compiled: Any, args: Any, runs: int = 3, top: int = 40) -> dict[str, Any]:
+  """Where a step's GPU time goes: ``jax.profiler`` kernel events of ``runs`` steps, per HLO op.
+
+  The events of the device planes (``/device:GPU:*``) are summed by the
+  ``hlo_op`` they ran for (the kernel's name where they carry none), per step:
+  the kernel count and time of every op, the ``top`` longest kept, and each
+  timeline line's total (stream lines hold the kernels; a line per derived
+  view, if any, is kept apart so nothing is counted twice).
+  """
+  with tempfile.TemporaryDirectory() as d:
+    jax.block_until_ready(compiled(*args))
+    with jax.profiler.trace(d):
+      for _ in range(runs):
+        jax.block_until_ready(compiled(*args))
+    files = sorted(pathlib.Path(d).rglob("*.xplane.pb"))
+    if not files:
+      return dict(error="jax.profiler wrote no .xplane.pb")
+    data = jax.profiler.ProfileData.from_file(str(files[-1]))
+    device = "/device:GPU" if jax.default_backend() == "gpu" else "/host:CPU"  # (--smoke)
+    lines: dict[str, list[float]] = {}
+    ops: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for plane in data.planes:
+      if not plane.name.startswith(device):
+        continue
+      for line in plane.lines:
+        key = f"{plane.name} {line.name}"
+        total = lines.setdefault(key, [0.0, 0])
+        for event in line.events:
+          stats = dict(event.stats)
+          op = str(stats.get("hlo_op") or event.name)
+          total[0] += event.duration_ns / runs
+          total[1] += 1 / runs
+          ops[line.name, op][0] += event.duration_ns / runs
+          ops[line.name, op][1] += 1 / runs
+  ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])
+  return dict(runs=runs, lines={k: dict(us=v[0] / 1e3, kernels=v[1]) for k, v in lines.items()},
+              ops=[dict(line=k[0], op=k[1], us=v[0] / 1e3, kernels=v[1]) for k, v in ranked[:top]],
+              num_ops=len(ops))
+
+
 def compare(got: Any, want: Any) -> dict[str, Any]:
   identical, worst = True, 0.0
   for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
@@ -125,7 +168,8 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
   return dict(identical=identical, max_abs_diff=worst)
 
 
-def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any) -> None:
+def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
+              profile_dir: pathlib.Path | None = None) -> None:
   model = MODELS[name]
   step, args = build(model)
   base: dict[str, Any] = {}
@@ -149,6 +193,13 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any) 
       # Copies into jaxmem's host store per step (the ffi backend's offloads:
       # on a GPU, the CUDA handlers' copies to pinned host memory).
       r["store_puts_per_step"] = (jaxmem.native.store_stats().total_puts - puts) / (steps + 1)
+      if profile_dir is not None:
+        # Kernel times per HLO op, and the compiled HLO they name (to read offline).
+        r["profile"] = kernel_profile(compiled, own_args[0] if own_args else args)
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        slug = "".join(c if c.isalnum() else "_" for c in f"{name}_{method}")
+        with gzip.open(profile_dir / f"{slug}.hlo.txt.gz", "wt") as f:
+          f.write(compiled.as_text())
       if method == "jit":
         want = out
         base.update(r)
@@ -308,6 +359,9 @@ def main() -> None:
                  help="seconds after which the remaining rows are skipped")
   p.add_argument("--out", default=str(ROOT / "bench" / "results"))
   p.add_argument("--commit", default=os.environ.get("JAXMEM_COMMIT", "?"))
+  p.add_argument("--profile", default="",
+                 help="models whose rows also get a kernel profile (jax.profiler) and "
+                      "their compiled HLO under OUT/profile/")
   p.add_argument("--smoke", action="store_true",
                  help="tiny models on any backend (checks this script; not a measurement)")
   p.add_argument("--render", action="store_true",
@@ -342,7 +396,9 @@ def main() -> None:
   log(f"{meta['device']}, jax {meta['jax']}, CUDA handlers {meta['cuda_status']}")
   for name in names:
     try:
-      run_model(name, a.steps, a.deadline, a.budget, emit)
+      profiled = name in {m.strip() for m in a.profile.split(",")}
+      run_model(name, a.steps, a.deadline, a.budget, emit,
+                out / "profile" if profiled else None)
     except Exception:  # noqa: BLE001 (a model that fails to build: logged, the bench goes on)
       log(f"[{name}] failed:\n{traceback.format_exc()}")
   meta["wall_s"] = time.perf_counter() - T0

@@ -6,7 +6,10 @@
 #   2. the CUDA tests (tests/native/test_cuda_gpu.py, test_cuda_handlers.py) on the GPU,
 #   3. the quickstart's demo (python -m jaxmem demo) on the GPU,
 #   4. bench/gpu_bench.py: one plan through both backends, peak and step time.
-# Usage: OUT=DIR [PYTHON=python3] [MODELS=mlp,gpt] [DEADLINE=seconds] bench/gpu_check.sh [build|test|demo|bench]...
+# Usage: OUT=DIR [PYTHON=python3] [MODELS=mlp,gpt] [DEADLINE=seconds] [PROFILE=gpt]
+#        bench/gpu_check.sh [build|test|demo|bench|aot]...
+# (aot: bench/gpu_aot.py --no-fit on the same machine, JAX_PLATFORMS=cpu: the
+# `gpu:h100` target's deviceless compile with the GPU's own jax, next to the GPU.)
 # With no stage named, runs all four. Logs and results go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,10 +43,16 @@ for stage in $stages; do
     bench)
       timeout "${BENCH_TIMEOUT:-330}" "$PY" bench/gpu_bench.py --out "$OUT" \
         --models "${MODELS:-mlp,gpt,resnet18}" --deadline "${DEADLINE:-240}" \
-        --steps "${STEPS:-10}" 2>"$OUT/bench.log" | tail -20 || rc=1
+        --steps "${STEPS:-10}" --profile "${PROFILE:-}" 2>"$OUT/bench.log" | tail -20 || rc=1
       grep -v "^\s" "$OUT/bench.log" | grep "\] \[" | tail -30
       ;;
-    *) echo "unknown stage $stage (build, test, demo, bench)"; exit 2 ;;
+    aot)
+      cp "$OUT/gpu.json" bench/results/gpu.json 2>/dev/null   # compared with this run's GPU rows
+      JAX_PLATFORMS=cpu JAXMEM_MACHINE="on the GPU machine, deviceless" timeout "${AOT_TIMEOUT:-120}" \
+        "$PY" bench/gpu_aot.py --no-fit --models "${MODELS:-mlp,gpt,resnet18}" --out "$OUT" \
+        2>"$OUT/aot.log" | tail -25 || rc=1
+      ;;
+    *) echo "unknown stage $stage (build, test, demo, bench, aot)"; exit 2 ;;
   esac
 done
 exit $rc
