@@ -107,26 +107,50 @@ def measure(compiled: Any) -> dict[str, Any]:
               flops=flops_of(compiled))
 
 
-def time_steps(compiled: Any, args: Any, steps: int) -> tuple[float, list[Any]]:
-  """Median seconds of ``compiled(*args)`` over ``steps`` runs after one warm-up; its outputs."""
+def time_steps(compiled: Any, args: Any, steps: int) -> tuple[float, float, list[Any]]:
+  """Seconds per ``compiled(*args)``: the median of ``steps`` waited-for runs after a warm-up,
+  and the mean of ``steps`` runs dispatched back to back (as a training loop
+  does: the host prepares the next step while the GPU runs this one); its outputs."""
   out = jax.block_until_ready(compiled(*args))
   times = []
   for _ in range(steps):
     t = time.perf_counter()
     out = jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - t)
-  return statistics.median(times), out
+  t = time.perf_counter()
+  outs = [compiled(*args) for _ in range(steps)]
+  jax.block_until_ready(outs)
+  pipelined = (time.perf_counter() - t) / steps
+  del outs
+  return statistics.median(times), pipelined, out
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+  """Nanoseconds covered by the union of ``(start, end)`` intervals."""
+  covered, reach = 0, None
+  for start, end in sorted(intervals):
+    if reach is None or start > reach:
+      covered += end - start
+      reach = end
+    elif end > reach:
+      covered += end - reach
+      reach = end
+  return covered
 
 
 def kernel_profile(compiled: Any, args: Any, runs: int = 3, top: int = 40) -> dict[str, Any]:
-  """Where a step's GPU time goes: ``jax.profiler`` kernel events of ``runs`` steps, per HLO op.
+  """Where a step's GPU time goes: ``jax.profiler`` events of ``runs`` steps on the device.
 
-  The events of the device planes (``/device:GPU:*``) are summed by the
-  ``hlo_op`` they ran for (the kernel's name where they carry none), per step:
-  the kernel count and time of every op, the ``top`` longest kept, and each
-  timeline line's total (stream lines hold the kernels; a line per derived
-  view, if any, is kept apart so nothing is counted twice).
+  Per step: ``busy_ms``, the time at least one kernel or copy ran on the GPU
+  (the union of every device event, so copies that overlap computation count
+  once), and ``compute_ms``, the kernels of the compute stream alone. Unlike
+  wall-clock step time these leave out the host's work around each call
+  (dispatch, allocating the outputs, updating CUDA graphs), which varies from
+  run to run by more than the plans differ. Also the events summed by the
+  ``hlo_op`` they ran for (the kernel's name where they carry none), the
+  ``top`` longest kept, and each timeline line's total.
   """
+  device = "/device:GPU" if jax.default_backend() == "gpu" else "/host:CPU"  # (--smoke)
   with tempfile.TemporaryDirectory() as d:
     jax.block_until_ready(compiled(*args))
     with jax.profiler.trace(d):
@@ -136,24 +160,27 @@ def kernel_profile(compiled: Any, args: Any, runs: int = 3, top: int = 40) -> di
     if not files:
       return dict(error="jax.profiler wrote no .xplane.pb")
     data = jax.profiler.ProfileData.from_file(str(files[-1]))
-    device = "/device:GPU" if jax.default_backend() == "gpu" else "/host:CPU"  # (--smoke)
     lines: dict[str, list[float]] = {}
     ops: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    spans: list[tuple[int, int]] = []
+    compute_ns = 0.0
     for plane in data.planes:
       if not plane.name.startswith(device):
         continue
       for line in plane.lines:
-        key = f"{plane.name} {line.name}"
-        total = lines.setdefault(key, [0.0, 0])
+        total = lines.setdefault(f"{plane.name} {line.name}", [0.0, 0])
         for event in line.events:
-          stats = dict(event.stats)
-          op = str(stats.get("hlo_op") or event.name)
-          total[0] += event.duration_ns / runs
-          total[1] += 1 / runs
-          ops[line.name, op][0] += event.duration_ns / runs
-          ops[line.name, op][1] += 1 / runs
+          op = str(dict(event.stats).get("hlo_op") or event.name)
+          start = int(event.start_ns)
+          spans.append((start, start + int(event.duration_ns)))
+          if "Compute" in line.name:
+            compute_ns += event.duration_ns
+          for acc in (total, ops[line.name, op]):
+            acc[0] += event.duration_ns / runs
+            acc[1] += 1 / runs
   ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])
-  return dict(runs=runs, lines={k: dict(us=v[0] / 1e3, kernels=v[1]) for k, v in lines.items()},
+  return dict(runs=runs, busy_ms=_union_ns(spans) / runs / 1e6, compute_ms=compute_ns / runs / 1e6,
+              lines={k: dict(us=v[0] / 1e3, kernels=v[1]) for k, v in lines.items()},
               ops=[dict(line=k[0], op=k[1], us=v[0] / 1e3, kernels=v[1]) for k, v in ranked[:top]],
               num_ops=len(ops))
 
@@ -189,10 +216,11 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
       r.update(info)
       r.update(measure(compiled))
       puts = jaxmem.native.store_stats().total_puts
-      r["step_s"], out = time_steps(compiled, own_args[0] if own_args else args, steps)
+      r["step_s"], r["pipelined_s"], out = time_steps(compiled, own_args[0] if own_args else args,
+                                                      steps)
       # Copies into jaxmem's host store per step (the ffi backend's offloads:
       # on a GPU, the CUDA handlers' copies to pinned host memory).
-      r["store_puts_per_step"] = (jaxmem.native.store_stats().total_puts - puts) / (steps + 1)
+      r["store_puts_per_step"] = (jaxmem.native.store_stats().total_puts - puts) / (2 * steps + 1)
       if profile_dir is not None:
         # Kernel times per HLO op, and the compiled HLO they name (to read offline).
         r["profile"] = kernel_profile(compiled, own_args[0] if own_args else args)
@@ -209,6 +237,10 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
       if base:
         r["peak_fraction"] = r["peak"] / base["peak"]
         r["time_ratio"] = r["step_s"] / base["step_s"]
+        if "pipelined_s" in base:
+          r["pipelined_ratio"] = r["pipelined_s"] / base["pipelined_s"]
+        if "profile" in base and "busy_ms" in r.get("profile", {}):
+          r["busy_ratio"] = r["profile"]["busy_ms"] / base["profile"]["busy_ms"]
       r["status"] = "ok"
     except jaxmem.BudgetError as e:
       r.update(status="BudgetError", budget=e.budget_bytes, smallest=e.smallest_bytes,
@@ -268,6 +300,10 @@ def describe(r: dict[str, Any]) -> str:
   s = f"peak {r['peak'] / MIB:.1f} MiB, host {r['host'] / MIB:.1f} MiB, step {r['step_s'] * 1e3:.2f} ms"
   if "peak_fraction" in r:
     s += f" ({r['peak_fraction']:.2f} of jit's peak, {r['time_ratio']:.2f}x its time)"
+  if "pipelined_s" in r:
+    s += f", pipelined {r['pipelined_s'] * 1e3:.2f} ms"
+  if "busy_ms" in r.get("profile", {}):
+    s += f", GPU busy {r['profile']['busy_ms']:.2f} ms"
   if "identical" in r:
     s += ", bit-identical" if r["identical"] else f", max |diff| {r['max_abs_diff']:.2g}"
   if "budget" in r:
@@ -276,23 +312,30 @@ def describe(r: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-  head = ("| model | method | GPU peak MiB | of jit | host MiB | step ms | vs jit | outputs "
+  head = ("| model | method | GPU peak MiB | of jit | host MiB | step ms | vs jit "
+          "| pipelined ms | vs jit | GPU busy ms | vs jit | outputs "
           "| budget MiB | within | fit: rounds, planning s, remat / offload |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for r in rows:
     cells = [r["model"], r["method"]]
     if r["status"] == "BudgetError":
-      cells += [f"`BudgetError`: smallest {r['smallest'] / MIB:.1f}"] + ["-"] * 6 + [
+      cells += [f"`BudgetError`: smallest {r['smallest'] / MIB:.1f}"] + ["-"] * 10 + [
           f"{r['budget'] / MIB:.1f}", "no", "-"]
     elif r["status"] != "ok":
-      cells += [f"{r['status']}: {r.get('error', '')}".replace("|", "\\|")] + ["-"] * 8
+      cells += [f"{r['status']}: {r.get('error', '')}".replace("|", "\\|")] + ["-"] * 12
     else:
       outputs = ("bit-identical" if r.get("identical") else
                  f"max diff {r['max_abs_diff']:.2g}" if "identical" in r else
                  "reference" if r["method"] == "jit" else "not compared (other parameter tree)")
       cells += [f"{r['peak'] / MIB:.1f}", f"{r.get('peak_fraction', 1.0):.2f}",
                 f"{r['host'] / MIB:.1f}", f"{r['step_s'] * 1e3:.2f}",
-                f"{r.get('time_ratio', 1.0):.2f}x", outputs]
+                f"{r.get('time_ratio', 1.0):.2f}x"]
+      busy = r.get("profile", {}).get("busy_ms")
+      cells += ([f"{r['pipelined_s'] * 1e3:.2f}", f"{r.get('pipelined_ratio', 1.0):.2f}x"]
+                if "pipelined_s" in r else ["-", "-"])
+      cells += ([f"{busy:.2f}", f"{r.get('busy_ratio', 1.0):.2f}x"] if busy is not None
+                else ["-", "-"])
+      cells.append(outputs)
       if "budget" in r:
         cells += [f"{r['budget'] / MIB:.1f}", "yes" if r["within"] else "**NO**"]
       else:
