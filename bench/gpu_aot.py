@@ -4,7 +4,7 @@ Compiles the steps of ``bench/gpu_bench.py`` for ``target="gpu:h100"`` on this
 machine -- XLA:GPU's deviceless compilation through jax's CUDA plugin, from the
 H100's device description (``jaxmem._src.estimate.targets.GPU_TARGET_CONFIGS``) --
 and puts each compiled peak next to the one measured on an H100 of the device
-machine (``bench/results/gpu.json``): plain ``jax.jit``, JAX's policies by hand,
+machine (``bench/results/gpu_h100.json``): plain ``jax.jit``, JAX's policies by hand,
 and ``jaxmem.fit(0.5, target="gpu:h100")`` (the ``xla`` backend, the only one a
 GPU target compiled ahead of time can use: our CUDA handlers need a GPU to run).
 
@@ -91,9 +91,13 @@ def cuda_plugin() -> str:
   return "no CUDA plugin"
 
 
+#: The GPU run compared with (``--device-results``): an H100's, from ``bench/gpu_bench.py``.
+DEVICE_RESULTS = ROOT / "bench" / "results" / "gpu_h100.json"
+
+
 def device_run() -> dict[str, Any]:
-  """``bench/results/gpu.json``: the H100's rows and meta (empty when absent)."""
-  path = ROOT / "bench" / "results" / "gpu.json"
+  """``DEVICE_RESULTS``: the GPU's rows and meta (empty when absent)."""
+  path = DEVICE_RESULTS
   return json.loads(path.read_text()) if path.exists() else {"meta": {}, "rows": []}
 
 
@@ -115,7 +119,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "",
       f"`python bench/gpu_aot.py` ({meta['date']}, commit {meta['commit']}; jax {meta['jax']}, "
       f"{plugin}, {meta.get('machine') or 'on a machine without a GPU'}) against "
-      f"`bench/results/gpu.json` (an H100 of the device machine, jax {meta['device_jax']}). "
+      f"`{meta.get('device_results', 'bench/results/gpu_h100.json')}` (an "
+      f"{meta.get('device', 'H100')} of the device machine, jax {meta['device_jax']}). "
       "Peaks in MiB (argument + output + temp - alias of `memory_analysis()`); the fit "
       "rows are `jaxmem.fit(0.5, backend='xla')` (on the H100 planned and verified there, "
       "here against the target's compiled program).",
@@ -132,14 +137,18 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def main() -> None:
+  global DEVICE_RESULTS  # noqa: PLW0603 (--device-results, read by markdown())
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default=",".join(gpu_bench.MODELS))
   p.add_argument("--no-fit", action="store_true", help="compile the baselines only")
   p.add_argument("--out", default=str(ROOT / "bench" / "results"))
   p.add_argument("--render", action="store_true", help="rewrite gpu_aot.md from gpu_aot.json")
+  p.add_argument("--device-results", default=str(DEVICE_RESULTS),
+                 help="the GPU's bench/gpu_bench.py results to compare with")
   a = p.parse_args()
   out = pathlib.Path(a.out)
+  DEVICE_RESULTS = pathlib.Path(a.device_results)
   if a.render:
     data = json.loads((out / "gpu_aot.json").read_text())
     (out / "gpu_aot.md").write_text(markdown(data["rows"], data["meta"]))
@@ -150,7 +159,10 @@ def main() -> None:
   dev = device_run()["meta"]
   meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), commit=started, jax=jax.__version__,
               plugin=cuda_plugin(), machine=os.environ.get("JAXMEM_MACHINE", ""),
-              device_jax=dev.get("jax", "?"), models=names, wall_s=time.perf_counter() - T0)
+              device_jax=dev.get("jax", "?"), device=dev.get("device", "?"),
+              device_results=str(DEVICE_RESULTS.relative_to(ROOT)
+                                 if DEVICE_RESULTS.is_relative_to(ROOT) else DEVICE_RESULTS),
+              models=names, wall_s=time.perf_counter() - T0)
   out.mkdir(parents=True, exist_ok=True)
   (out / "gpu_aot.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   (out / "gpu_aot.md").write_text(markdown(rows, meta))

@@ -359,7 +359,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       f"Models: {sizes}. Peak = argument + output + temp - alias bytes of the GPU's "
       "compiled `memory_analysis()`; host = its `host_temp_size_in_bytes` (the `ffi` "
       "backend's copies go to jaxmem's pinned host pool, which XLA does not count). Step "
-      f"ms: median of {meta['steps']} runs after a warm-up, arguments not donated. "
+      f"ms: median of {meta['steps']} runs after a warm-up, each waited for, arguments not "
+      f"donated; pipelined ms: {meta['steps']} runs dispatched back to back, per run; GPU "
+      "busy ms (`--profile` rows): the time per step at least one kernel or copy ran on "
+      "the GPU, from `jax.profiler`. "
       "Outputs: the new parameters, optimizer state and loss against `jax.jit`'s. "
       "`policy:` rows apply `jax.checkpoint_policies` by hand to every block; `fit(f) "
       "xla|ffi` rows are `jaxmem.fit(f, backend=...)`, planned and verified on this GPU "
@@ -381,7 +384,7 @@ def excerpt(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       table([r for r in rows if r["method"] == "jit" or r["method"].startswith(("fit", "xla fit", "ffi fit"))
              or r["method"] == "policy:nothing_saveable"]),
       "",
-      *(f"- {n}" for n in meta.get("notes", [])[1:4]),
+      *(f"- {n}" for n in meta.get("notes", [])[1:5]),
   ])
 
 

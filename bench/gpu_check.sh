@@ -47,9 +47,9 @@ for stage in $stages; do
       grep -v "^\s" "$OUT/bench.log" | grep "\] \[" | tail -30
       ;;
     aot)
-      cp "$OUT/gpu.json" bench/results/gpu.json 2>/dev/null   # compared with this run's GPU rows
       JAX_PLATFORMS=cpu JAXMEM_MACHINE="on the GPU machine, deviceless" timeout "${AOT_TIMEOUT:-120}" \
         "$PY" bench/gpu_aot.py --no-fit --models "${MODELS:-mlp,gpt,resnet18}" --out "$OUT" \
+        --device-results "$OUT/gpu.json" \
         2>"$OUT/aot.log" | tail -25 || rc=1
       ;;
     *) echo "unknown stage $stage (build, test, demo, bench, aot)"; exit 2 ;;

@@ -15,10 +15,11 @@ fails the execution with a ``JaxRuntimeError`` and the process goes on; and
 unplanned GPU peak on a small MLP step, the compiled program of this GPU verifying
 it, with the outputs of plain ``jax.jit``.
 
-Last run on a GPU (an H100, jax 0.11.2, at 501d656; ``bench/results/gpu.md``): 29 of 31
-passed with the test file of ``tests/native/``; the ``xla`` fit of the MLP below stopped
-at 0.64 of its peak (``BudgetError``), and so did the test that plans with it. Those two
-are the open GPU planning problem, not a test to loosen.
+Last runs on a GPU (an H100 at 501d656, ``bench/results/gpu_h100.md``; an H200 at
+28f3769, ``bench/results/gpu.md``; jax 0.11.2 on both): 29 of 31 passed with the test
+file of ``tests/native/``; the ``xla`` fit of the MLP below stopped at 0.64 of its peak
+(``BudgetError``), and so did the test that plans with it. Those two are the open GPU
+planning problem, not a test to loosen.
 """
 
 from __future__ import annotations

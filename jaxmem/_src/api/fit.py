@@ -226,7 +226,7 @@ class Fitted:
     # (Tried for XLA:GPU too. On an H100 a ResNet-18 step's smallest compiled
     # peak stayed at 0.93 of the unplanned one; on the `gpu:h100` target it
     # went from 0.91 to 0.94, and two MLP steps stayed at 0.93 and 0.98 either
-    # way: bench/results/gpu.md.)
+    # way: bench/results/gpu_h100.md.)
     self.compiles_for_tpu = self.target.platform == "tpu"
     self._cache: dict[Any, _Entry] = {}
     functools.update_wrapper(self, fun)
