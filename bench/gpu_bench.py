@@ -9,7 +9,8 @@ unplanned GPU peak is a few GiB) it compiles and runs, on the GPU:
 * JAX's policies applied by hand to every block (``nn.remat`` through the
   examples' ``remat_policy=``): ``nothing_saveable``, ``dots_saveable`` and
   ``offload_dot_with_no_batch_dims`` (to ``pinned_host``);
-* ``jaxmem.fit(0.5, backend="xla")`` and ``jaxmem.fit(0.5, backend="ffi")``,
+* ``jaxmem.fit(0.5, backend="xla")`` and ``jaxmem.fit(0.5, backend="ffi")``
+  (and ``copies="async"``: the copies on the CUDA handlers' own stream),
   each planned and verified on this GPU's compiled program;
 * the plan of each fit lowered through the other backend
   (``jit_plan(plan, backend=...)``): the same plan through both backends.
@@ -265,12 +266,12 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
       return jax.jit(s).lower(*own).compile(), {}, own
     row(f"policy:{policy}", by_hand)
 
-  def fitted(backend: str) -> tuple[Any, dict[str, Any]]:
-    f = jaxmem.fit(budget, backend=backend)(step)
+  def fitted(backend: str, copies: str = "sync") -> tuple[Any, dict[str, Any]]:
+    f = jaxmem.fit(budget, backend=backend, copies=copies)(step)
     t = time.perf_counter()
     res = f.fit_result(*args)
     planning = time.perf_counter() - t
-    plans[backend] = res.plan
+    plans[backend if copies == "sync" else f"{backend} {copies}"] = res.plan
     info = dict(budget=res.budget_bytes, within=res.peak_bytes <= res.budget_bytes,
                 fit_peak=res.peak_bytes, rounds=res.rounds, planning_s=planning,
                 planner=res.plan.planner, remat=res.plan.num_remat,
@@ -279,6 +280,9 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
 
   row(f"fit({budget:g}) xla", lambda: fitted("xla"))
   row(f"fit({budget:g}) ffi", lambda: fitted("ffi"))
+  # The CUDA handlers' own copy stream (start/done pairs the window scheduler
+  # places), against the default's copies on XLA's compute stream.
+  row(f"fit({budget:g}) ffi async", lambda: fitted("ffi", "async"))
 
   def same_plan(source: str, backend: str) -> tuple[Any, dict[str, Any]]:
     plan = plans.get(source)
