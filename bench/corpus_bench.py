@@ -245,6 +245,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
             f"{len(families)} families from `bench/corpus/heldout.py`, written after jaxmem's "
             "estimate was last changed and first measured as they came, on XLA:CPU with the "
             "`ffi` backend.")
+  if meta.get("remeasured"):
+    head += (f" The rows of {', '.join(f'`{n}`' for n in meta['remeasured'])} were measured at "
+             f"`{meta['commit']}` (`--only`), the others at `{meta['rows_from']}`.")
   summary = [
       head, "",
       f"* Estimates within ±10% of the compiled peak: **{within10} of {len(errors)}**; below "
@@ -350,6 +353,11 @@ def main() -> None:
     rows = [done[n] for n in order if n in done]
     meta = dict(jax=jax.__version__, commit=commit(),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    if opts.only:
+      # The other rows are the last full run's: say which commit measured them.
+      earlier = old["meta"].get("rows_from", old["meta"].get("commit", "?"))
+      measured = sorted({*old["meta"].get("remeasured", ()), *(e.name for e in entries)})
+      meta.update(rows_from=earlier, remeasured=measured)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   before = None

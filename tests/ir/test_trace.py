@@ -89,7 +89,7 @@ def test_custom_vjp_is_inlined():
 def test_scan_is_an_opaque_block_with_inner_working_set():
   def f(x):
     def body(c, _):
-      big = jnp.outer(c, c)          # 64x64 inside the loop only
+      big = c[:, None] @ c[None, :]  # 64x64 inside the loop only (a dot: stored)
       return c + big.sum(0), None
     return jax.lax.scan(body, x, None, length=3)[0].sum()
   prog = jaxmem.analyze(f, jnp.ones((64,)))
