@@ -216,7 +216,7 @@ def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None, *, fused: bool
 
 # `_memory_order` is quadratic in a body's equations: longer bodies keep the
 # program's order alone.
-MEMORY_ORDER_MAX_STEPS = 3000
+MEMORY_ORDER_MAX_STEPS = 1000
 
 
 def _order_peak(steps: list[_Step], inner: list[int]) -> int:
@@ -265,14 +265,17 @@ def _memory_order(steps: list[_Step]) -> list[int]:
     for k in {k for k in ins if k is not None and k in producer}:
       dependents.setdefault(producer[k], set()).add(i)
       readers_left[k] = readers_left.get(k, 0) + 1
+
+  def gain(i: int) -> tuple[int, int]:
+    """Bytes step ``i`` frees net of those it makes, and the earlier step first on ties."""
+    _, ins, outs = steps[i]
+    freed = sum(nbytes.get(k, 0) for k in {k for k in ins if k is not None}
+                if readers_left.get(k) == 1)
+    return (freed - sum(nb for _, nb, dropped in outs if not dropped), -i)
+
   ready = {i for i, w in enumerate(waiting) if w == 0}
   order: list[int] = []
   while ready:
-    def gain(i: int) -> tuple[int, int]:
-      _, ins, outs = steps[i]
-      freed = sum(nbytes.get(k, 0) for k in {k for k in ins if k is not None}
-                  if readers_left.get(k) == 1)
-      return (freed - sum(nb for _, nb, dropped in outs if not dropped), -i)
     i = max(ready, key=gain)
     ready.discard(i)
     order.append(i)
