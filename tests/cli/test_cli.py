@@ -434,3 +434,25 @@ def test_report_rejects_an_unknown_target(capsys):
   rc = main(["report", "mlp:build", "--target", "tpu:v9", "-q"])
   err = capsys.readouterr().err
   assert rc == 2 and "--target" in err and "tpu:<chip>" in err
+
+
+def test_demo_fits_half_its_peak_here(capsys):
+  from jaxmem._src.cli.demo import run_demo  # noqa: PLC0415
+  assert run_demo(batch_size=4096, steps=1) == 0
+  out = capsys.readouterr().out
+  assert "not reachable" not in out
+  assert re.search(r"verified compiled peak .* \(budget [^;)]*\): OK; largest difference from "
+                   r"jax.jit over 1 steps: 0;", out)
+
+
+def test_demo_goes_on_with_the_smallest_reachable_budget(capsys):
+  # Out of reach (as half the peak is on a GPU): the demo fits the smallest
+  # budget the `BudgetError` reports, as a user would, and says so.
+  from jaxmem._src.cli.demo import run_demo  # noqa: PLC0415
+  assert run_demo(batch_size=1024, steps=1, budget=0.02) == 0
+  out = capsys.readouterr().out
+  assert "cannot fit `step`" in out
+  smallest = re.search(r"smallest peak reachable: +(\S+ \S+)", out).group(1)
+  assert f"fitting the smallest reachable budget the error reports, {smallest}, instead" in out
+  assert re.search(rf"\(budget {re.escape(smallest)}; the budget asked, .* is not reachable "
+                   r"on this device\): OK; largest difference from jax.jit over 1 steps: 0;", out)

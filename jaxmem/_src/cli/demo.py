@@ -63,7 +63,13 @@ def main_demo(args: argparse.Namespace) -> int:
 
 
 def run_demo(batch_size: int = 8192, steps: int = 3, budget: float | int | str = 0.5) -> int:
-  """Trains the demo MLP under ``budget`` next to plain ``jax.jit``; 0 when the budget holds."""
+  """Trains the demo MLP under ``budget`` next to plain ``jax.jit``; 0 when the budget holds.
+
+  Where ``budget`` is out of reach (``BudgetError``), the demo goes on as a
+  user would: with the smallest reachable budget the error reports, which
+  ``fit`` promises to meet; 0 when that one holds, and the last line says the
+  budget asked was not reachable.
+  """
   # Imported here: they pull in jax, and `python -m jaxmem --help` should not wait for it.
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
@@ -78,11 +84,23 @@ def run_demo(batch_size: int = 8192, steps: int = 3, budget: float | int | str =
   print(analyze(step, *args).report(top=10))
   t0 = time.perf_counter()
   fitted = fit(budget, verbose=True)(step)
+  unreachable = None
   try:
     result = fitted.fit_result(*args)
   except BudgetError as e:
+    # What a user does next: the error's smallest reachable budget, which
+    # `fit` promises to meet (on a GPU the demo's half of the peak is out of
+    # reach: XLA:GPU stores little per layer, bench/results/gpu.md).
     print(f"\n{e}")
-    return 1
+    unreachable = e
+    print(f"\nfitting the smallest reachable budget the error reports, "
+          f"{format_bytes(e.smallest_bytes)}, instead:")
+    fitted = fit(e.smallest_bytes, verbose=True)(step)
+    try:
+      result = fitted.fit_result(*args)
+    except BudgetError as again:
+      print(f"\n{again}\n\nthe smallest reachable budget was not reached: a jaxmem bug")
+      return 1
   print(f"\n{result.plan.summary()}\n")
   print(result.summary())
   print(f"\ntraining {steps} steps (fitted vs plain jax.jit):")
@@ -97,9 +115,12 @@ def run_demo(batch_size: int = 8192, steps: int = 3, budget: float | int | str =
     worst = max(worst, diff)
     print(f"  step {i}: loss {float(a[2]):.6f} (jit {float(b[2]):.6f}), max |params/opt diff| {diff:.3g}")
   ok = result.peak_bytes <= result.budget_bytes
+  asked = ("" if unreachable is None else
+           f"; the budget asked, {format_bytes(unreachable.budget_bytes)}, is not reachable "
+           "on this device")
   print(f"\nverified compiled peak {format_bytes(result.peak_bytes)} vs unplanned "
         f"{format_bytes(result.unplanned_peak_bytes)} (budget "
-        f"{format_bytes(result.budget_bytes)}): {'OK' if ok else 'OVER BUDGET'}; "
+        f"{format_bytes(result.budget_bytes)}{asked}): {'OK' if ok else 'OVER BUDGET'}; "
         f"largest difference from jax.jit over {steps} steps: {worst:.3g}; "
         f"total {time.perf_counter() - t0:.1f} s")
   return 0 if ok else 1
