@@ -246,8 +246,12 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
             "estimate was last changed and first measured as they came, on XLA:CPU with the "
             "`ffi` backend.")
   if meta.get("remeasured"):
-    head += (f" The rows of {', '.join(f'`{n}`' for n in meta['remeasured'])} were measured at "
-             f"`{meta['commit']}` (`--only`), the others at `{meta['rows_from']}`.")
+    by_commit: dict[str, list[str]] = {}
+    for name, at in meta["remeasured"].items():
+      by_commit.setdefault(at, []).append(f"`{name}`")
+    head += (" Re-measured with `--only`: " + "; ".join(
+        f"{', '.join(names)} at `{at}`" for at, names in by_commit.items())
+        + f"; the other rows at `{meta['rows_from']}`.")
   summary = [
       head, "",
       f"* Estimates within ±10% of the compiled peak: **{within10} of {len(errors)}**; below "
@@ -356,8 +360,9 @@ def main() -> None:
     if opts.only:
       # The other rows are the last full run's: say which commit measured them.
       earlier = old["meta"].get("rows_from", old["meta"].get("commit", "?"))
-      measured = sorted({*old["meta"].get("remeasured", ()), *(e.name for e in entries)})
-      meta.update(rows_from=earlier, remeasured=measured)
+      measured = dict(old["meta"].get("remeasured", {}))
+      measured.update((e.name, meta["commit"]) for e in entries)
+      meta.update(rows_from=earlier, remeasured=dict(sorted(measured.items())))
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   before = None

@@ -122,6 +122,22 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
     # (`pool_argmax_expansions`); the scatter itself reads the index array
     # made there (`early_layout_copies`) and a copy of the source.
     return _nbytes(source), 0
+  if name == "scan":
+    # A scan is a while loop that writes its stacked outputs in place into
+    # buffers of zeros: XLA broadcasts the zeros once per shape (CSE merges
+    # the broadcasts of every scan in the step) and copy insertion copies them
+    # into each stack, so a stack-sized buffer of zeros is live beside the
+    # stacks. Charged while the scan runs, the largest of its stacks': the
+    # broadcast is made before the loop, and where scans share a shape it
+    # lives through the earlier ones (a two-layer GRU's nine
+    # `f32[48,24,320]` stacks, forward and backward, copied from one
+    # broadcast). Measured on XLA:CPU (jax 0.10.2) against the compiled peak:
+    # a scanned decoder -4.0% -> -0.3%, GRU scans -4.2% -> -3.1% and
+    # -8.2% -> -5.4%. Hoisting one buffer per shape from the first scan to
+    # the last instead over-counted the decoder (+10.9%): at its compiled
+    # peak, in the backward pass, the forward scans' zeros are gone.
+    stacked = eqn.outvars[eqn.params["num_carry"]:]
+    return max((_nbytes(v.aval) for v in stacked), default=0), 0
   return 0, 0
 
 
