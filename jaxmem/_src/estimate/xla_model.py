@@ -34,6 +34,7 @@ that dominate on the models we measure (XLA:CPU, jax 0.10.2; ``docs/design.md``,
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -122,22 +123,6 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
     # (`pool_argmax_expansions`); the scatter itself reads the index array
     # made there (`early_layout_copies`) and a copy of the source.
     return _nbytes(source), 0
-  if name == "scan":
-    # A scan is a while loop that writes its stacked outputs in place into
-    # buffers of zeros: XLA broadcasts the zeros once per shape (CSE merges
-    # the broadcasts of every scan in the step) and copy insertion copies them
-    # into each stack, so a stack-sized buffer of zeros is live beside the
-    # stacks. Charged while the scan runs, the largest of its stacks': the
-    # broadcast is made before the loop, and where scans share a shape it
-    # lives through the earlier ones (a two-layer GRU's nine
-    # `f32[48,24,320]` stacks, forward and backward, copied from one
-    # broadcast). Measured on XLA:CPU (jax 0.10.2) against the compiled peak:
-    # a scanned decoder -4.0% -> -0.3%, GRU scans -4.2% -> -3.1% and
-    # -8.2% -> -5.4%. Hoisting one buffer per shape from the first scan to
-    # the last instead over-counted the decoder (+10.9%): at its compiled
-    # peak, in the backward pass, the forward scans' zeros are gone.
-    stacked = eqn.outvars[eqn.params["num_carry"]:]
-    return max((_nbytes(v.aval) for v in stacked), default=0), 0
   return 0, 0
 
 
@@ -400,10 +385,43 @@ def op_memory_models(program: Program) -> tuple[tuple[OpMemory, ...], tuple[OpMe
           _op_memory(program, True, shared, scalar_hoists))
 
 
+def scan_stack_zeros(program: Program) -> dict[int, int]:
+  """``{op index: bytes}``: zeros XLA:CPU copies into scans' stacked outputs, live while each runs.
+
+  A scan is a while loop that writes its stacked outputs in place into
+  buffers of zeros. XLA broadcasts the zeros, and CSE merges the broadcasts
+  of one shape across every scan of the step; where two or more stacks share
+  one, copy insertion copies it into each (each needs a buffer of its own),
+  so a stack-sized buffer of zeros is live beside the stacks. A stack whose
+  shape is its own writes into its broadcast, with no copy. Charged while the
+  scan runs, the largest of its shared shapes: the broadcast is made before
+  the loop and, shared, lives through the earlier scans (a two-layer GRU's
+  nine ``f32[48,24,320]`` stacks, forward and backward, copied from one
+  broadcast; an ``nn.scan`` MLP's two stacks of distinct shapes, no copy).
+  Measured on XLA:CPU (jax 0.10.2) against the compiled peak: a scanned
+  decoder -4.0% -> -0.3%, a GRU -8.2% -> -5.4%. Charging every scan its
+  largest stack, shared or not, put the ``nn.scan`` MLP 41% over; hoisting
+  one buffer per shape from the first scan to the last over-counted the
+  decoder (+10.9%): at its compiled peak, in the backward pass, the forward
+  scans' zeros are gone.
+  """
+  if program.backend != "cpu":
+    return {}
+  stacks = {op.index: [(tuple(v.aval.shape), str(v.aval.dtype), _nbytes(v.aval))
+                       for v in op.eqn.outvars[op.eqn.params["num_carry"]:]]
+            for op in program.ops if op.primitive == "scan"}
+  count = collections.Counter((shape, dtype) for ys in stacks.values()
+                              for shape, dtype, _ in ys)
+  out = {index: max((nb for shape, dtype, nb in ys if count[shape, dtype] > 1), default=0)
+         for index, ys in stacks.items()}
+  return {index: nb for index, nb in out.items() if nb}
+
+
 def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, int], ...], ...],
                scalar_hoists: tuple[int, ...]) -> tuple[OpMemory, ...]:
   out = []
   pools = pool_argmax_expansions(program, planned)
+  zeros = scan_stack_zeros(program)
   for op, sh, sc in zip(program.ops, shared, scalar_hoists):
     subst = planned and substitutions.applies(op.eqn)
     kind = Fusion.MATERIALIZED if subst else op_fusion_kind(program, op)
@@ -413,6 +431,7 @@ def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, i
       ph, pt = pools[op.index]
       h, t = h + ph, t + pt
     h += sc
+    t += zeros.get(op.index, 0)
     if program.device_fraction is not None:   # sharded: this device's share
       fraction = program.device_fraction[op.index]
       t, h = int(t * fraction), int(h * fraction)
