@@ -91,14 +91,15 @@ def cuda_plugin() -> str:
   return "no CUDA plugin"
 
 
-#: The GPU run compared with (``--device-results``): an H100's, from ``bench/gpu_bench.py``.
-DEVICE_RESULTS = ROOT / "bench" / "results" / "gpu_h100.json"
+#: The GPU run compared with by default (``--device-results``): an H100's, from
+#: ``bench/gpu_bench.py``.
+DEVICE_RESULTS = "bench/results/gpu_h100.json"
 
 
-def device_run() -> dict[str, Any]:
-  """``DEVICE_RESULTS``: the GPU's rows and meta (empty when absent)."""
-  path = DEVICE_RESULTS
-  return json.loads(path.read_text()) if path.exists() else {"meta": {}, "rows": []}
+def device_run(path: str) -> dict[str, Any]:
+  """The GPU's rows and meta in ``path`` (relative to the repository; empty when absent)."""
+  file = ROOT / path
+  return json.loads(file.read_text()) if file.exists() else {"meta": {}, "rows": []}
 
 
 def cell(r: dict[str, Any] | None) -> str:
@@ -112,14 +113,15 @@ def cell(r: dict[str, Any] | None) -> str:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-  dev = {(r["model"], r["method"]): r for r in device_run()["rows"]}
+  results = meta.get("device_results", DEVICE_RESULTS)
+  dev = {(r["model"], r["method"]): r for r in device_run(results)["rows"]}
   plugin = meta["plugin"] if " " in meta["plugin"] else f"jax-cuda12-plugin {meta['plugin']}"
   lines = [
       "# The `gpu:h100` target against an H100",
       "",
       f"`python bench/gpu_aot.py` ({meta['date']}, commit {meta['commit']}; jax {meta['jax']}, "
       f"{plugin}, {meta.get('machine') or 'on a machine without a GPU'}) against "
-      f"`{meta.get('device_results', 'bench/results/gpu_h100.json')}` (an "
+      f"`{results}` (an "
       f"{meta.get('device', 'H100')} of the device machine, jax {meta['device_jax']}). "
       "Peaks in MiB (argument + output + temp - alias of `memory_analysis()`); the fit "
       "rows are `jaxmem.fit(0.5, backend='xla')` (on the H100 planned and verified there, "
@@ -137,18 +139,16 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def main() -> None:
-  global DEVICE_RESULTS  # noqa: PLW0603 (--device-results, read by markdown())
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default=",".join(gpu_bench.MODELS))
   p.add_argument("--no-fit", action="store_true", help="compile the baselines only")
   p.add_argument("--out", default=str(ROOT / "bench" / "results"))
   p.add_argument("--render", action="store_true", help="rewrite gpu_aot.md from gpu_aot.json")
-  p.add_argument("--device-results", default=str(DEVICE_RESULTS),
+  p.add_argument("--device-results", default=DEVICE_RESULTS,
                  help="the GPU's bench/gpu_bench.py results to compare with")
   a = p.parse_args()
   out = pathlib.Path(a.out)
-  DEVICE_RESULTS = pathlib.Path(a.device_results)
   if a.render:
     data = json.loads((out / "gpu_aot.json").read_text())
     (out / "gpu_aot.md").write_text(markdown(data["rows"], data["meta"]))
@@ -156,12 +156,11 @@ def main() -> None:
   names = [m.strip() for m in a.models.split(",") if m.strip()]
   started = commit()
   rows = run(names, not a.no_fit)
-  dev = device_run()["meta"]
+  dev = device_run(a.device_results)["meta"]
   meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), commit=started, jax=jax.__version__,
               plugin=cuda_plugin(), machine=os.environ.get("JAXMEM_MACHINE", ""),
               device_jax=dev.get("jax", "?"), device=dev.get("device", "?"),
-              device_results=str(DEVICE_RESULTS.relative_to(ROOT)
-                                 if DEVICE_RESULTS.is_relative_to(ROOT) else DEVICE_RESULTS),
+              device_results=a.device_results,
               models=names, wall_s=time.perf_counter() - T0)
   out.mkdir(parents=True, exist_ok=True)
   (out / "gpu_aot.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

@@ -217,14 +217,14 @@ def run_model(name: str, steps: int, deadline: float, budget: float, emit: Any,
       r.update(info)
       r.update(measure(compiled))
       puts = jaxmem.native.store_stats().total_puts
-      r["step_s"], r["pipelined_s"], out = time_steps(compiled, own_args[0] if own_args else args,
-                                                      steps)
+      call_args = own_args[0] if own_args else args
+      r["step_s"], r["pipelined_s"], out = time_steps(compiled, call_args, steps)
       # Copies into jaxmem's host store per step (the ffi backend's offloads:
       # on a GPU, the CUDA handlers' copies to pinned host memory).
       r["store_puts_per_step"] = (jaxmem.native.store_stats().total_puts - puts) / (2 * steps + 1)
       if profile_dir is not None:
         # Kernel times per HLO op, and the compiled HLO they name (to read offline).
-        r["profile"] = kernel_profile(compiled, own_args[0] if own_args else args)
+        r["profile"] = kernel_profile(compiled, call_args)
         profile_dir.mkdir(parents=True, exist_ok=True)
         slug = "".join(c if c.isalnum() else "_" for c in f"{name}_{method}")
         with gzip.open(profile_dir / f"{slug}.hlo.txt.gz", "wt") as f:
@@ -444,11 +444,11 @@ def main() -> None:
     write(out, rows, meta)
 
   log(f"{meta['device']}, jax {meta['jax']}, CUDA handlers {meta['cuda_status']}")
+  profiled = {m.strip() for m in a.profile.split(",")}
   for name in names:
     try:
-      profiled = name in {m.strip() for m in a.profile.split(",")}
       run_model(name, a.steps, a.deadline, a.budget, emit,
-                out / "profile" if profiled else None)
+                out / "profile" if name in profiled else None)
     except Exception:  # noqa: BLE001 (a model that fails to build: logged, the bench goes on)
       log(f"[{name}] failed:\n{traceback.format_exc()}")
   meta["wall_s"] = time.perf_counter() - T0

@@ -119,7 +119,7 @@ def inner_working_bytes(eqn: _compat.JaxprEqn, memo: Memo | None = None) -> int:
     return memo[id(eqn)][1]
   best = 0
   for jaxpr in _compat.sub_jaxprs(eqn):
-    best = max(best, peak_minus_io(jaxpr, memo, fused=True))
+    best = max(best, peak_minus_io(jaxpr, memo))
   if memo is not None:
     memo[id(eqn)] = (eqn, best)
   return best
@@ -178,7 +178,7 @@ def _last_uses(steps: list[_Step]) -> dict[_Key, int]:
   return last
 
 
-def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None, *, fused: bool = True) -> int:
+def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None) -> int:
   """Peak bytes made inside one evaluation of ``jaxpr`` beyond its inputs.
 
   The jaxpr's own inputs are not counted (the enclosing op holds them); a
@@ -186,8 +186,8 @@ def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None, *, fused: bool
   read it (the enclosing op's own outputs are counted by the program), so
   this is the body's working set on top of the op's operands and results.
 
-  ``fused`` (the default): the body is fused as XLA fuses every computation,
-  a loop's or a branch's as the step's own (:func:`_fuse_elementwise`): an
+  The body is fused as XLA fuses every computation, a loop's or a branch's
+  as the step's own (:func:`_fuse_elementwise`): an
   elementwise value read only by elementwise ops and reductions (and not
   returned) stores nothing, its operands living until its readers' last one
   instead, and a transpose read only by dots is folded into them. Measured on
@@ -196,15 +196,13 @@ def peak_minus_io(jaxpr: _compat.Jaxpr, memo: Memo | None = None, *, fused: bool
   the estimate +29% of the compiled peak; on a k-means ``fori_loop`` body the
   plain count held the distances, their one-hot and its transpose (three
   ``[points, clusters]`` buffers) where XLA stores one: +52.7% of the
-  compiled peak, -1.0% fused and scheduled as below. ``fused=False`` is the
-  plain count, every value stored.
+  compiled peak, -1.0% fused and scheduled as below.
 
   The peak is the lesser of the body's own order and the order XLA's list
   scheduler would pick (:func:`_memory_order`).
   """
   steps, results = _flatten(jaxpr)
-  if fused:
-    steps = _fuse_elementwise(steps, {k for k in results if k is not None})
+  steps = _fuse_elementwise(steps, {k for k in results if k is not None})
   inner = [inner_working_bytes(e, memo) for e, _, _ in steps]
   peak = _order_peak(steps, inner)
   if len(steps) <= MEMORY_ORDER_MAX_STEPS:
@@ -288,6 +286,24 @@ def _memory_order(steps: list[_Step]) -> list[int]:
   return order
 
 
+def _stores_nothing(e: _compat.JaxprEqn, key: _Key, steps: list[_Step],
+                    readers: dict[_Key, list[int]], returned: set[_Key]) -> bool:
+  """Whether XLA fuses ``e``'s one result ``key`` into its readers (:func:`_fuse_elementwise`)."""
+  rs = readers.get(key, [])
+  if not rs or key in returned:
+    return False
+  if e.primitive.name == "transpose":
+    return all(steps[r][0].primitive.name == "dot_general" for r in rs)
+  facts = primitives.facts(e.primitive.name)
+  if not facts.elementwise or facts.fusion not in (Fusion.CHEAP, Fusion.EXPENSIVE):
+    return False
+  if facts.fusion is Fusion.EXPENSIVE and len(set(rs)) > 1:
+    return False
+  reading = [primitives.facts(steps[r][0].primitive.name) for r in rs]
+  return all(f.fusion in primitives.FUSIBLE_CONSUMERS
+             and (f.elementwise or f.fusion is Fusion.REDUCE) for f in reading)
+
+
 def _fuse_elementwise(steps: list[_Step], returned: set[_Key]) -> list[_Step]:
   """``steps`` with every fusible value made free and read through.
 
@@ -303,29 +319,12 @@ def _fuse_elementwise(steps: list[_Step], returned: set[_Key]) -> list[_Step]:
     for k in ins:
       if k is not None:
         readers.setdefault(k, []).append(i)
-  fusible = primitives.FUSIBLE_CONSUMERS
   free: dict[_Key, list[_Key]] = {}      # fused value -> what its readers read in its place
   out: list[_Step] = list(steps)
   for i, (e, ins, outs) in enumerate(steps):
-    facts = primitives.facts(e.primitive.name)
-    if (e.primitive.name == "transpose" and len(outs) == 1
-        and readers.get(outs[0][0]) and outs[0][0] not in returned
-        and all(steps[r][0].primitive.name == "dot_general" for r in readers[outs[0][0]])):
-      key = outs[0][0]
-      free[key] = [y for k in ins if k is not None for y in free.get(k, [k])]
-      out[i] = (e, ins, [(key, 0, outs[0][2])])
-      continue
-    if (not facts.elementwise or facts.fusion not in (Fusion.CHEAP, Fusion.EXPENSIVE)
-        or len(outs) != 1):
+    if len(outs) != 1 or not _stores_nothing(e, outs[0][0], steps, readers, returned):
       continue
     key = outs[0][0]
-    rs = readers.get(key, [])
-    if (not rs or key in returned or (facts.fusion is Fusion.EXPENSIVE and len(set(rs)) > 1)
-        or not all(primitives.facts(steps[r][0].primitive.name).fusion in fusible
-                   and (primitives.facts(steps[r][0].primitive.name).elementwise
-                        or primitives.facts(steps[r][0].primitive.name).fusion is Fusion.REDUCE)
-                   for r in rs)):
-      continue
     free[key] = [y for k in ins if k is not None for y in free.get(k, [k])]
     out[i] = (e, ins, [(key, 0, outs[0][2])])
   if not free:
