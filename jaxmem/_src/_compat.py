@@ -68,6 +68,12 @@ def dce_jaxpr(jaxpr: Jaxpr, used_outputs: list[bool]) -> tuple[Jaxpr, list[bool]
   return cut, list(used_inputs)
 
 
+def dce_closed_jaxpr(closed: ClosedJaxpr) -> ClosedJaxpr:
+  """``closed`` without the equations no output needs (effects kept), every input kept."""
+  cut, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+  return closed if len(cut.eqns) == len(closed.jaxpr.eqns) else ClosedJaxpr(cut, closed.consts)
+
+
 def body_of(eqn: JaxprEqn) -> ClosedJaxpr | None:
   """The inlinable body of a call-like equation, as a ClosedJaxpr, else None."""
   key = INLINE_BODIES.get(eqn.primitive.name)

@@ -360,5 +360,48 @@ def test_an_in_place_update_shares_its_operand_buffer():
                materialized=[0, 3])
   apart = estimate(flow)[0]
   assert apart.live_bytes[1] == 4 + 64 + 64
-  shared = estimate(dataclasses.replace(flow, in_place=[False, True, False]))[0]
+  shared = estimate(dataclasses.replace(flow, in_place=[-1, 0, -1]))[0]
   assert shared.live_bytes[1] == 4 + 64 and shared.intervals[1] == (0, 0)
+  # An addition that a scatter is folded into writes its second operand.
+  add = _flow([M, M, M, M], [[], [1, 0], [0, 2], [3]], [[1], [2], [3], [4]], [4, 64, 64, 64, 4],
+              materialized=[0, 4])
+  assert estimate(add)[0].live_bytes[2] == 4 + 64 + 64
+  folded = estimate(dataclasses.replace(add, in_place=[-1, 0, 1, -1]))[0]
+  assert folded.live_bytes[2] == 4 + 64 and folded.intervals[2] == (1, 1)
+
+
+def test_temporaries_take_the_buffer_of_a_donated_argument_xla_copies():
+  # w (arg 0, 100 B, donated, copied at the start until step 4 writes its new
+  # value) -> a = matmul(w) at 0 (60 B, read at 1) -> b = matmul(a) at 1
+  # (80 B, read at 2) -> c = matmul(b) at 2 (120 B, read at 3) -> d =
+  # matmul(c) at 3 (4 B, read at 4) -> w' = matmul(d) at 4 (100 B).
+  # w's buffer is free from step 1 to step 3: b (the largest that fits) goes
+  # there; a is made with the copy, at step 0; c does not fit; d lives
+  # until the step that writes w's new value. Peak at step 3: w + its copy + c
+  # + d = 324 B; without the copy, w + b + c = 300 B at step 2.
+  kinds = [M, M, M, M, M]
+  ins = [[0], [1], [2], [3], [4]]
+  outs = [[1], [2], [3], [4], [5]]
+  nbytes = [100, 60, 80, 120, 4, 100]
+  flow = _flow(kinds, ins, outs, nbytes, materialized=[0, 5], copies={0: 4})
+  flow = dataclasses.replace(flow, end=[4, 1, 2, 3, 4, 5])
+  prof, _ = estimate(flow)
+  assert prof.live_bytes.tolist() == [260, 260, 320, 324, 304, 100]   # b costs nothing
+  assert prof.peak_bytes == 324
+  no_copy = dataclasses.replace(flow, copies={})
+  assert estimate(no_copy)[0].live_bytes.tolist() == [160, 240, 300, 224, 204, 100]
+
+
+def test_an_elementwise_result_takes_the_buffer_of_an_operand_that_dies_there():
+  # a = matmul (step 0, 64 B) read by b = cheap(a) (step 1, 64 B, stored: the
+  # matmul at step 2 reads it). XLA writes b over a, whose last read it is:
+  # 64 B at step 1, not 128. A reader of another size shares nothing.
+  kinds = [M, C, M]
+  flow = _flow(kinds, [[0], [1], [2]], [[1], [2], [3]], [4, 64, 64, 4], materialized=[0, 3],
+               indexing=_same(3))
+  prof = estimate(flow)[0]
+  assert prof.live_bytes[1] == 4 + 64 and prof.intervals[1] == (0, 0)
+  assert estimate(dataclasses.replace(flow, indexing=None))[0].live_bytes[1] == 4 + 64 + 64
+  smaller = _flow(kinds, [[0], [1], [2]], [[1], [2], [3]], [4, 64, 32, 4], materialized=[0, 3],
+                  indexing=_same(3))
+  assert estimate(smaller)[0].live_bytes[1] == 4 + 64 + 32

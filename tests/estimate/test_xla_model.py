@@ -264,14 +264,13 @@ def test_the_estimate_returns_new_values_and_leaves_the_program_as_it_was():
     analyzed.profile = None   # frozen
 
 
-def test_op_seconds_are_zero_for_ops_xla_removes():
+def test_ops_xla_removes_are_not_in_the_program():
   def f(x):
     unused = jnp.sin(x) * 2.0   # noqa: F841 (dead: nothing reads it)
     return jnp.cos(x).sum()
   prog = analyze_program(trace(f, (jnp.ones(1024),)))
-  seconds = prog.op_seconds("h100-pcie")
-  dead = np.asarray(prog.dead)
-  assert dead.any() and (seconds[dead] == 0).all() and (seconds[~dead] > 0).all()
+  assert [op.primitive for op in prog.ops] == ["cos", "reduce_sum"]
+  assert not any(prog.dead) and (prog.op_seconds("h100-pcie") > 0).all()
 
 
 def test_a_layernorm_over_points_before_a_max_is_not_under_estimated():
@@ -347,7 +346,7 @@ def test_an_operand_only_a_matmul_reads_is_fused_into_it_on_the_cpu():
         jax.jit(distances).lower(points, centroids).compile()).peak_bytes
     assert abs(prog.peak_bytes - compiled) <= 0.05 * compiled, (prog.peak_bytes, compiled)
     # A matmul operand the backward pass reads too stays stored.
-    grad = jax.grad(lambda w, x: jnp.sum((2.0 * x) @ w))
+    grad = jax.value_and_grad(lambda w, x: jnp.sum((2.0 * x) @ w))
     g = jaxmem.analyze(grad, jnp.ones((24, 61)), points)
     (mul,) = [op for op in g.ops if op.primitive == "mul" and op.outputs
               and len(g.vars[op.outputs[0]].uses) > 1]
@@ -372,3 +371,92 @@ def test_the_kernel_gradient_of_a_depthwise_convolution_is_expanded_on_the_cpu()
   out = 3 * 3 * 1 * 64 * 4
   assert transient >= 2 * 64 * out
   assert xla_model.hidden_bytes(kernel_grad, "tpu") == (0, 0)
+
+
+def _compiled_and_estimated(f, *args):
+  compiled = jaxmem.compiled_memory(jax.jit(f).lower(*args).compile()).peak_bytes
+  return compiled, jaxmem.analyze(f, *args).peak_bytes
+
+
+def test_pads_whose_sum_is_read_in_several_fusions_are_stored_on_the_cpu():
+  """A sum of pads read through slices, each slice in a fusion of its own: XLA
+  duplicates the sum into every reader's fusion but not the pads (their code
+  branches), so each pad is a buffer. Fusing the pads away put the estimate
+  66% under the compiled peak."""
+  steps = 8
+
+  def f(a, w):
+    out = 0.0
+    for t in range(steps):
+      x = jnp.tanh(a[:, t, :]) @ w
+      out = out + jax.lax.pad(x[:, None, :], 0.0, [(0, 0, 0), (t, steps - 1 - t, 0), (0, 0, 0)])
+    return [jnp.sin(out[:, t, :]) @ w for t in range(steps)]
+
+  compiled, est = _compiled_and_estimated(f, jnp.ones((64, steps, 320)), jnp.ones((320, 320)))
+  if jax.default_backend() == "cpu":
+    assert abs(est - compiled) <= 0.05 * compiled, (est, compiled)
+
+
+def test_a_value_emitted_too_often_in_one_fusion_is_still_duplicated_into_the_others():
+  """Two unrolled recurrent layers, the second reading the first's stacked
+  outputs by slices: the gradient of that stack is a sum of pads read by the
+  first layer's backward, whose cell-state recurrence is one elementwise chain.
+  XLA's limit on emitting a fused value is per fusion, so the sum is stored
+  for the fusion that reaches all 16 slices and duplicated into the others,
+  and the pads, emitted there several times each, are stored (estimate -22%
+  of the compiled peak when the sum was only stored)."""
+  steps, batch, width = 16, 32, 256
+
+  def layer(w, xs):
+    c, hs = jnp.zeros((batch, width)), []
+    for x in xs:
+      f, i = jnp.split(jnp.concatenate([x, c], 1) @ w, 2, axis=1)
+      c = c * jax.nn.sigmoid(f) + jnp.tanh(i)
+      hs.append(jnp.tanh(c))
+    return jnp.stack(hs, axis=1)
+
+  def loss(ws, x):
+    y = layer(ws[0], [x[:, t] for t in range(steps)])
+    return jnp.sum(layer(ws[1], [y[:, t] for t in range(steps)]) ** 2)
+
+  ws = (jnp.full((2 * width, 2 * width), 0.01), jnp.full((2 * width, 2 * width), 0.01))
+  compiled, est = _compiled_and_estimated(jax.grad(loss), ws, jnp.ones((batch, steps, width)))
+  if jax.default_backend() == "cpu":
+    assert abs(est - compiled) <= 0.1 * compiled, (est, compiled)
+
+
+def test_a_loss_no_output_needs_is_not_in_the_program():
+  """`jax.grad` of a cross-entropy keeps the log-softmax, the label gather and
+  the mean of the loss in its jaxpr though no output reads them; XLA removes
+  them, and so does the trace (they kept two logits-sized buffers alive: +92%
+  of the compiled peak, +31% without them). Still over: XLA writes the
+  softmax gradient over the label scatter it adds to; the estimate shares
+  buffers that way only outside the fusions it takes for reductions'
+  (`lifetimes._share_operand_buffers`), and counts both here."""
+
+  def loss(w, x, y):
+    logits = jnp.tanh(x @ w) @ w.T @ w
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+  args = (jnp.full((64, 2048), 0.01), jnp.ones((512, 64)), jnp.zeros((512,), jnp.int32))
+  step = jax.grad(loss)
+  prog = trace(step, args)
+  assert not _ops(prog, "log")                       # the loss's log-sum-exp is gone
+  compiled, est = _compiled_and_estimated(step, *args)
+  if jax.default_backend() == "cpu":
+    assert -0.05 * compiled <= est - compiled <= 0.35 * compiled, (est, compiled)
+
+
+def test_a_take_along_axis_index_array_is_made_explicit_on_the_cpu():
+  """`take_along_axis` gathers with batching dimensions; XLA:CPU builds the full
+  `s32[index rows, rank]` index array, shared by the gather and its gradient's
+  scatter (`xla_model._batched_index_array`)."""
+  def loss(x, i):
+    return jnp.sum(jnp.take_along_axis(x, i, axis=3) ** 2)
+
+  x, i = jnp.ones((8, 36, 36, 5)), jnp.zeros((8, 36, 36, 1), jnp.int32)
+  prog = trace(jax.grad(loss), (x, i))
+  (gather,) = _ops(prog, "gather")
+  rows = 8 * 36 * 36
+  assert xla_model.early_layout_copies(gather.eqn, "cpu") == ((1, rows * 4 * 4),)
+  assert xla_model.early_layout_copies(gather.eqn, "tpu") == ()

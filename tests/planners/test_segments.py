@@ -279,7 +279,12 @@ def test_a_bad_group_is_refused(chain, group):
 
 def test_checkpoints_are_offloaded_when_recomputing_every_segment_is_not_enough(chain):
   """``segments-offload``: the checkpoints recomputation starts from go to host until their restore."""
-  step, args, prog = chain
+  # With the loss returned: under `jax.grad` alone XLA (and the trace) drop the
+  # loss's forward arithmetic, and the remat-only plan of that step compiles
+  # to the same peak with or without the offloads.
+  _, args, _ = chain
+  step = jax.value_and_grad(chain_loss)
+  prog = jaxmem.analyze(step, *args)
   remat = jaxmem.get_planner("segments-remat")(prog, 0, "h100-pcie")
   plan = jaxmem.get_planner("segments-offload")(prog, 0, "h100-pcie")
   assert remat.num_remat and not remat.num_offload
@@ -299,7 +304,8 @@ def test_checkpoints_are_offloaded_when_recomputing_every_segment_is_not_enough(
   # Rewritten by the CPU's backend: the same values (the fetched copy is exact),
   # and a compiled peak below the remat-only plan's.
   got = jit_plan(plan).lower(*args).compile()
-  np.testing.assert_array_equal(got(*args), jit_plan(remat)(*args))
+  for a, b in zip(jax.tree.leaves(got(*args)), jax.tree.leaves(jit_plan(remat)(*args))):
+    np.testing.assert_array_equal(a, b)
   base = jit_plan(remat).lower(*args).compile()
   assert (jaxmem.compiled_memory(got).peak_bytes < jaxmem.compiled_memory(base).peak_bytes)
 

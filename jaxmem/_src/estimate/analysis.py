@@ -58,6 +58,9 @@ class AnalyzedProgram(Program):
     indexing: per op, how a fusion it is in indexes its operands
       (:func:`~jaxmem._src.estimate.xla_model.indexing_kinds`; ``()`` when the
       compiler's code-duplication limit is not modelled).
+    in_place: per op, the position among its value inputs of the operand
+      whose buffer it writes, or -1
+      (:func:`~jaxmem._src.estimate.xla_model.in_place_operands`).
   """
   profile: Profile
   memory: tuple[OpMemory, ...]
@@ -74,6 +77,7 @@ class AnalyzedProgram(Program):
   forwards: tuple[xla_model.Forwards, ...] = ()
   epilogues: tuple[bool, ...] = ()
   indexing: tuple[int, ...] = ()
+  in_place: tuple[int, ...] = ()
 
   @property
   def peak_bytes(self) -> int:
@@ -108,8 +112,9 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   forwards = xla_model.shard_map_forwards(program)
   epilogues = xla_model.epilogue_fusions(program)
   indexing = xla_model.indexing_kinds(program)
+  in_place = xla_model.in_place_operands(program)
   profile = estimate(_unplanned_flow(program, memory, keys, hoisted, movable, fusing, copies,
-                                     forwards, epilogues, indexing))[0]
+                                     forwards, epilogues, indexing, in_place))[0]
   outs = program.output_ids
   dead = tuple(bool(op.outputs) and not op.eqn.effects
                and not any(program.vars[o].uses or o in outs for o in op.outputs)
@@ -126,14 +131,15 @@ def analyze_program(program: Program) -> AnalyzedProgram:
                          costs=op_costs([(op.eqn, op.has_body) for op in program.ops]), dead=dead,
                          fused=fused, rematerializable=remat, operand_fusions=fusing,
                          donation_copies=copies, forwards=forwards, epilogues=epilogues,
-                         indexing=indexing)
+                         indexing=indexing, in_place=in_place)
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
                     movable: tuple[bool, ...], fusing: tuple[int, ...],
                     copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...],
-                    epilogues: tuple[bool, ...], indexing: tuple[int, ...] = ()) -> Flow:
+                    epilogues: tuple[bool, ...], indexing: tuple[int, ...] = (),
+                    in_place: tuple[int, ...] = ()) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
   early = [[(op.inputs[pos], b) for pos, b in m.early] for op, m in zip(program.ops, memory)]
@@ -165,8 +171,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       forwarded={o: src for op, fw in zip(program.ops, forwards)
                  for o, src in xla_model.forwarded_values(fw, op.inputs, op.outputs).items()},
       epilogues=epilogues, early_copies=early if any(early) else (),
-      in_place=[op.primitive in xla_model.IN_PLACE and bool(op.inputs)
-                and isinstance(op.inputs[0], int) for op in program.ops],
+      in_place=list(in_place) if any(k >= 0 for k in in_place) else None,
       indexing=indexing or None)
 
 

@@ -129,6 +129,11 @@ def trace(fun: Callable[..., Any], args: Sequence[Any], *, donate_argnums: Seque
 
   if closed_jaxpr is None:
     closed_jaxpr = _compat.make_jaxpr(flat_fun, *flat_args)
+  # What no output needs XLA removes before anything is stored: a step
+  # returning only gradients keeps its loss's forward arithmetic in the
+  # jaxpr (`jax.grad` of a cross-entropy: the log-softmax, the label gather
+  # and the mean), which kept full-size buffers alive in the estimate.
+  closed_jaxpr = _compat.dce_closed_jaxpr(closed_jaxpr)
   names = list(arg_names) if arg_names is not None else arg_names_of(fun, len(args))
   input_roles = classify_inputs(args, names)
   leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]

@@ -224,7 +224,7 @@ class Schedule:
       else:
         ins_kept = tuple(x for x in st.inputs if isinstance(x, int))
         row = (ins_kept, st.outputs, Fusion.MATERIALIZED, 0, 0, (), (), False, None, False,
-               False, xla_model.INDEX_NEW, False)
+               False, xla_model.INDEX_NEW, -1)
       for x in ins_kept:
         end[x] = i
       for o in st.outputs:
@@ -262,7 +262,7 @@ class Schedule:
                           _copy_steps(prog.donation_copies, self.steps),
                           self._forwarded(), epilogues if prog.epilogues else None,
                           early if any(early) else (), indexing if prog.indexing else None,
-                          in_place if any(in_place) else None)
+                          in_place if any(k >= 0 for k in in_place) else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
@@ -438,9 +438,9 @@ def _var_bytes(program: AnalyzedProgram) -> tuple[int, ...]:
 # What `Schedule.profile` records per step, in the order of the flow's
 # columns: value inputs, outputs, fusion kind, transient bytes, hoisted bytes,
 # shared reads, early layout copies, movable, CSE key, fuses its operands,
-# epilogue, indexing kind, writes its first operand in place.
+# epilogue, indexing kind, the input it writes in place (-1: none).
 _StepRow = tuple[Sequence[int], tuple[int, ...], Fusion, int, int, Sequence[tuple[int, int]],
-                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool, int, bool]
+                 Sequence[tuple[int, int]], bool, "xla_model.CseKey | None", bool, bool, int, int]
 # Per op of a program: its original step's row, the inputs that step keeps
 # alive (not those read through an early layout copy), and whether it is a
 # relayout view (stored where a custom call reads it). Every schedule of the
@@ -467,10 +467,25 @@ def _step_row(program: AnalyzedProgram, st: Step, m: xla_model.OpMemory
          None if st.recompute else program.cse_keys[k], program.operand_fusions[k],
          bool(program.epilogues) and program.epilogues[k],
          program.indexing[k] if program.indexing else xla_model.INDEX_NEW,
-         program.ops[k].primitive in xla_model.IN_PLACE and bool(st.inputs)
-         and isinstance(st.inputs[0], int))
+         _in_place_input(program, st, k))
   return (row, tuple(x for x in ins if x not in copied) if copied else ins,
           m.kind is Fusion.VIEW and primitives.facts(program.ops[k].primitive).relayout)
+
+
+def _in_place_input(program: AnalyzedProgram, st: Step, k: int) -> int:
+  """The position among ``st``'s value inputs of the one it writes in place (-1: none).
+
+  The op's own (``AnalyzedProgram.in_place``), where the step reads what the
+  op reads at that position (a planned step may read a fetched copy).
+  """
+  at = program.in_place[k] if program.in_place else -1
+  if at < 0:
+    return -1
+  original = program.ops[k].input_ids()
+  values = [x for x in st.inputs if isinstance(x, int)]
+  if len(values) != len(original):
+    return -1
+  return at
 
 
 def _original_rows(program: AnalyzedProgram) -> tuple[tuple[_StepRow, tuple[int, ...], bool], ...]:
@@ -748,7 +763,8 @@ def async_copies(sched: Schedule, window: Window = None,
   cap = prof.peak_bytes if budget is None else min(int(budget), prof.peak_bytes)
 
   def fits(p: int, nbytes: int) -> bool:
-    return live[p] + extra[p] + nbytes <= cap
+    # (With the copy's handle, live from its start to its done.)
+    return live[p] + extra[p] + nbytes + HANDLE_BYTES <= cap
 
   def anchor_before(q: int) -> float:
     lo = steps[q - 1].anchor if q > 0 else -1.0
