@@ -405,3 +405,21 @@ def test_an_elementwise_result_takes_the_buffer_of_an_operand_that_dies_there():
   smaller = _flow(kinds, [[0], [1], [2]], [[1], [2], [3]], [4, 64, 32, 4], materialized=[0, 3],
                   indexing=_same(3))
   assert estimate(smaller)[0].live_bytes[1] == 4 + 64 + 32
+
+
+def test_a_matmul_whose_row_maximum_comes_back_into_its_epilogue_is_not_stored():
+  # l = matmul (0, 64 B); m = reduce_max(l) (1, 4 B); d = sub(l, m) (2,
+  # cheap); e = exp(d) (3, expensive, stored: read by two matmuls at 4 and 5).
+  # XLA:CPU fuses the matmul, the maximum, the subtraction and the exp: e is
+  # the only full-size buffer, l is never written.
+  kinds = [M, R, C, E, M, M]
+  ins = [[0], [1], [1, 2], [3], [4], [4]]
+  outs = [[1], [2], [3], [4], [5], [6]]
+  nbytes = [4, 64, 4, 64, 64, 4, 4]
+  flow = _flow(kinds, ins, outs, nbytes, materialized=[0, 5, 6], indexing=_same(6),
+               epilogues=[True, False, False, False, False, False])
+  prof, virtual = estimate(flow)
+  assert virtual[1] and not virtual[4]
+  assert prof.peak_bytes == 4 + 64 + 4 + 4      # x, e and the two results
+  plain, plain_virtual = estimate(dataclasses.replace(flow, epilogues=None))
+  assert not plain_virtual[1] and plain.live_bytes[1] == prof.live_bytes[1] + 64

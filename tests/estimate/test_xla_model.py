@@ -429,10 +429,11 @@ def test_a_loss_no_output_needs_is_not_in_the_program():
   """`jax.grad` of a cross-entropy keeps the log-softmax, the label gather and
   the mean of the loss in its jaxpr though no output reads them; XLA removes
   them, and so does the trace (they kept two logits-sized buffers alive: +92%
-  of the compiled peak, +31% without them). Still over: XLA writes the
-  softmax gradient over the label scatter it adds to; the estimate shares
-  buffers that way only outside the fusions it takes for reductions'
-  (`lifetimes._share_operand_buffers`), and counts both here."""
+  of the compiled peak). What is left is stored as XLA:CPU stores it: the
+  logits' `exp` and not the logits (one YNNPACK fusion with the row maximum:
+  `lifetimes._ends_in_stored_epilogue`), and the softmax gradient written
+  over the label scatter it adds to (`lifetimes._share_operand_buffers`;
+  +31% of the compiled peak without the two)."""
 
   def loss(w, x, y):
     logits = jnp.tanh(x @ w) @ w.T @ w
@@ -444,7 +445,7 @@ def test_a_loss_no_output_needs_is_not_in_the_program():
   assert not _ops(prog, "log")                       # the loss's log-sum-exp is gone
   compiled, est = _compiled_and_estimated(step, *args)
   if jax.default_backend() == "cpu":
-    assert -0.05 * compiled <= est - compiled <= 0.35 * compiled, (est, compiled)
+    assert abs(est - compiled) <= 0.05 * compiled, (est, compiled)
 
 
 def test_a_take_along_axis_index_array_is_made_explicit_on_the_cpu():

@@ -151,11 +151,6 @@ class Flow:
       (``xla_model.INDEX_*``, :func:`~jaxmem._src.estimate.xla_model.indexing_kinds`):
       a producer XLA would emit too many times in its readers' fusions is
       stored. ``None``: no limit (compilers other than XLA:CPU).
-    share_operands: whether a stored elementwise result may take the buffer
-      of an operand that dies there (``_share_operand_buffers``): a program
-      as ``jax.jit`` compiles it, not one with a plan's custom calls, around
-      which XLA:CPU shares less (a PointNet plan estimated at 35.8 MiB with
-      sharing compiled to 51.3 MiB; 43.8 MiB without).
   """
   num_steps: int
   step_kind: Sequence[Fusion]
@@ -179,7 +174,6 @@ class Flow:
   early_copies: Sequence[Sequence[tuple[int, int]]] = ()
   indexing: Sequence[int] | None = None
   in_place: Sequence[int] | None = None
-  share_operands: bool = True
 
 
 def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
@@ -296,14 +290,31 @@ def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Se
   is the one buffer stored, and ``o`` is never written on its own. A chain
   through a value fused elsewhere, or a reader that is not a cheap
   elementwise step of ``o``'s size, stores ``o``.
+
+  One value of the chain may also have a second reader, a reduction whose
+  result comes back into the chain through small cheap steps: a softmax's
+  row maximum, ``exp(x @ w + b - max(...))``. XLA:CPU's YNNPACK fusion
+  takes the matmul, the reduction and the chain up to the ``exp``, which is
+  stored (seen in the compiled HLO of a classifier's cross-entropy, whose
+  logits the estimate counted beside their ``exp``).
   """
   x = o
+  through_reduction = False
   for _ in range(64):                     # chains are short; bound the walk
     cs = consumers[x]
-    if len(cs) != 1:
+    if len(cs) == 2 and not through_reduction:
+      c = _back_from_reduction(flow, consumers, cs)
+      if c is None:
+        return False
+      through_reduction = True
+    elif len(cs) != 1:
       return False
-    c = cs[0]
-    if flow.step_kind[c] is not Fusion.CHEAP or len(flow.step_outputs[c]) != 1:
+    else:
+      c = cs[0]
+    kind = flow.step_kind[c]
+    if len(flow.step_outputs[c]) != 1:
+      return False
+    if kind is not Fusion.CHEAP and not (through_reduction and kind is Fusion.EXPENSIVE):
       return False
     x = flow.step_outputs[c][0]
     if flow.nbytes[x] != flow.nbytes[o]:
@@ -312,7 +323,32 @@ def _ends_in_stored_epilogue(flow: Flow, consumers: list[list[int]], virtual: Se
       # (A stored result XLA also recomputes in other fusions is read there
       # from `o`: `o` is stored too.)
       return (bool(consumers[x]) or x in flow.materialized) and x not in split
+    if kind is not Fusion.CHEAP:
+      return False                        # (an expensive step is stored or ends nothing)
   return False
+
+
+def _back_from_reduction(flow: Flow, consumers: list[list[int]], readers: Sequence[int]) -> int | None:
+  """Of two readers, the one a reduction's result comes back to (the other is the reduction).
+
+  The reduction's result must reach that reader through cheap or view steps
+  with one reader each (a broadcast, a ``stop_gradient``), and nowhere else.
+  """
+  for red, other in (readers, readers[::-1]):
+    if flow.step_kind[red] is not Fusion.REDUCE or len(flow.step_outputs[red]) != 1:
+      continue
+    y = flow.step_outputs[red][0]
+    for _ in range(8):
+      cs = consumers[y]
+      if len(cs) != 1:
+        break
+      if cs[0] == other:
+        return other
+      if (flow.step_kind[cs[0]] not in (Fusion.CHEAP, Fusion.VIEW)
+          or len(flow.step_outputs[cs[0]]) != 1):
+        break
+      y = flow.step_outputs[cs[0]][0]
+  return None
 
 
 def _fusion_roots(outputs: Sequence[Sequence[int]], groups: Mapping[int, _Groups],
@@ -391,6 +427,11 @@ def _horizon(flow: Flow, virtual: Sequence[bool], end: Sequence[int], pos: Seque
     if virtual[y]:
       last = max(last, end[y])
   return last
+
+
+#: The smallest reduction result, in bytes, whose fusion YNNPACK grows into
+#: the steps after it (``kMinElements`` float32 elements).
+_YNN_MIN_BYTES = 4096 * 4
 
 
 # Per fused value: per fusion it is fused into (named by the step whose
@@ -505,7 +546,7 @@ def _reuse_copied_arguments(flow: Flow, pos: Sequence[int], ids: Sequence[int],
 
 def _share_operand_buffers(flow: Flow, pos: Sequence[int], start: Sequence[int], end: list[int],
                            virtual: Sequence[bool], indexing: Sequence[int],
-                           closed_roots: set[int]) -> None:
+                           ynn_roots: set[int]) -> None:
   """Lets a stored elementwise result take the buffer of an operand of its size that dies there.
 
   XLA's buffer assignment gives a loop fusion's result the buffer of an
@@ -515,11 +556,11 @@ def _share_operand_buffers(flow: Flow, pos: Sequence[int], start: Sequence[int],
   reads through the fused values it computes again (elementwise ones only:
   a reshape, slice or broadcast reads with another index). Seen in XLA:CPU's
   buffer assignment of a UNet, whose ReLU gradients are written over the
-  convolution gradients they mask. Not for a step that ends a fusion the
-  estimate takes for a reduction's (``closed_roots``): XLA:CPU's YNNPACK
-  fusions are custom calls, whose results share no operand's buffer
-  (counting them shared put PointNet 13% under its compiled peak). Ends
-  such operands one position before the step, in place.
+  convolution gradients they mask. Not for a step that ends a YNNPACK
+  fusion of a reduction (``ynn_roots``): XLA:CPU's YNNPACK fusions are
+  custom calls, whose results share no operand's buffer (counting them
+  shared put PointNet 13% under its compiled peak). Ends such operands one
+  position before the step, in place.
   """
   made_at = {}
   for s, outs in enumerate(flow.step_outputs):
@@ -529,7 +570,7 @@ def _share_operand_buffers(flow: Flow, pos: Sequence[int], start: Sequence[int],
   taken: set[int] = set()
   for s in range(flow.num_steps):
     if (kinds[s] not in (Fusion.CHEAP, Fusion.EXPENSIVE) or indexing[s] != INDEX_SAME
-        or s in closed_roots):
+        or s in ynn_roots):
       continue
     outs = flow.step_outputs[s]
     if len(outs) != 1 or virtual[outs[0]]:
@@ -610,15 +651,28 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   # result, and (below) the roots those steps are fused into.
   closed_roots: set[int] = set()
   reads_reduction: set[int] = set()
+  # Those of them XLA:CPU hands to YNNPACK with the reduction (a custom call
+  # whose result shares no operand's buffer: `_share_operand_buffers`).
+  # YNNPACK grows a reduction's fusion into the arithmetic on its result
+  # only where that result is large enough (`IsInstructionPreferredByYnn`:
+  # 4096 elements, counted as float32 bytes); a classifier's row sums over
+  # 512 rows end their fusion, and the softmax gradient after them is a
+  # loop fusion written over the label scatter it adds to.
+  ynn_roots: set[int] = set()
+  reads_big_reduction: set[int] = set()
   if indexing is not None:
     for s in range(flow.num_steps):
       if flow.step_kind[s] is Fusion.REDUCE:
         closed_roots.add(s)
+        ynn_roots.add(s)
         for y in outputs[s]:
           cs = _through_aliases(flow, consumers, y)
           if len(cs) == 1:
             reads_reduction.add(cs[0])
+            if flow.nbytes[y] >= _YNN_MIN_BYTES:
+              reads_big_reduction.add(cs[0])
     closed_roots |= reads_reduction
+    ynn_roots |= reads_big_reduction
   for s in range(flow.num_steps - 1, -1, -1):
     kind = flow.step_kind[s]
     for o in flow.step_outputs[s]:
@@ -717,6 +771,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         groups[o] = found
         if s in reads_reduction:
           closed_roots.update(_fusion_roots(outputs, groups, s))
+          if s in reads_big_reduction:
+            ynn_roots.update(_fusion_roots(outputs, groups, s))
       virtual[o] = True
       for x in flow.step_inputs[s]:
         end[x] = max(end[x], end[o])
@@ -731,8 +787,8 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
         if (x not in flow.materialized and not virtual[x] and end[x] == pos[s]
             and start[x] < pos[s]):
           end[x] = pos[s] - 1       # its buffer is the result's from here on
-  if indexing is not None and flow.share_operands:
-    _share_operand_buffers(flow, pos, start, end, virtual, indexing, closed_roots)
+  if indexing is not None:
+    _share_operand_buffers(flow, pos, start, end, virtual, indexing, ynn_roots)
   ids = [v for v in range(nvals) if start[v] >= 0]
   starts = [start[v] for v in ids]
   ends = [max(end[v], start[v]) for v in ids]

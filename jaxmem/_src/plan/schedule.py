@@ -262,8 +262,7 @@ class Schedule:
                           _copy_steps(prog.donation_copies, self.steps),
                           self._forwarded(), epilogues if prog.epilogues else None,
                           early if any(early) else (), indexing if prog.indexing else None,
-                          in_place if any(k >= 0 for k in in_place) else None,
-                          share_operands=all(st.kind is compute for st in self.steps))
+                          in_place if any(k >= 0 for k in in_place) else None)
     return lifetimes.estimate(flow)[0]
 
   def _forwarded(self) -> dict[int, tuple[int, ...]]:
