@@ -323,6 +323,29 @@ def test_zeros_written_in_place_are_not_merged_unless_their_scatters_are_summed(
     assert all((keys[z] is not None) == merged for z in zeros), fn.__name__
 
 
+@pytest.mark.parametrize("rows", [499, 500])
+def test_summed_scatters_are_combined_only_while_their_updates_are_smaller_than_the_table(rows):
+  # XLA's simplifier concatenates the indices and updates of two summed
+  # scatter-adds into one scatter only when the concatenation has fewer
+  # elements than the table (a skip-gram whose lookups gather more rows than
+  # its table keeps two scatters, each on its own copy of the zeros: -9.2% of
+  # the compiled peak when they were taken as one).
+  def summed(i1, u1, i2, u2):
+    return jnp.zeros((500, 8)).at[i1].add(u1) + jnp.zeros((500, 8)).at[i2].add(u2)
+
+  n1 = 99
+  args = (jnp.zeros(n1, jnp.int32), jnp.ones((n1, 8)),
+          jnp.zeros(rows - n1, jnp.int32), jnp.ones((rows - n1, 8)))
+  prog = trace(summed, args)
+  keys = xla_model.cse_keys(prog)
+  zeros = [prog.vars[op.input_ids()[0]].defined_by for op in _ops(prog, "scatter-add")]
+  combined = rows < 500
+  assert all((keys[z] is not None) == combined for z in zeros)
+  if jax.default_backend() == "cpu":
+    hlo = jax.jit(summed).lower(*args).compile().as_text()
+    assert ("concatenate" in hlo) == combined
+
+
 def test_an_operand_only_a_matmul_reads_is_fused_into_it_on_the_cpu():
   # K-means distances: XLA:CPU computes `2.0 * points` inside the matmul's
   # YNNPACK fusion (it has no other reader); `points * points`, read by a
