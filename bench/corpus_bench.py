@@ -43,6 +43,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -86,12 +87,17 @@ def _data(x: Any) -> Any:
   return x
 
 
+#: Relative differences up to this are float rounding of a reordered sum.
+ROUNDING = 1e-4
+
+
 def _compare(got: Any, want: Any) -> str:
-  got, want = jax.tree.leaves(got), jax.tree.leaves(want)
-  if len(got) != len(want):
+  flat = jax.tree_util.tree_flatten_with_path(got)[0]
+  want = jax.tree.leaves(want)
+  if len(flat) != len(want):
     return "different outputs"
-  worst, differ = 0.0, 0
-  for a, b in zip(got, want):
+  worst, differ, moment = 0.0, 0, None
+  for (path, a), b in zip(flat, want):
     a, b = np.asarray(_data(a)), np.asarray(_data(b))
     if a.shape != b.shape:
       return "different shapes"
@@ -99,12 +105,44 @@ def _compare(got: Any, want: Any) -> str:
       continue
     differ += 1
     scale = max(float(np.max(np.abs(b.astype(np.float64)))), 1e-30)
-    worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    rel = float(np.max(np.abs(a.astype(np.float64) - b))) / scale
+    worst = max(worst, rel)
+    if re.search(r"[.'\[]mu\b", jax.tree_util.keystr(path)):
+      moment = max(moment or 0.0, rel)
   # Relative to the leaf's largest element: adam turns a last-bit difference
   # in a gradient that is zero in exact arithmetic (an attention key bias)
-  # into a full-size update of that leaf.
-  return ("bit-identical" if not differ else
-          f"{differ} of {len(got)} leaves differ, max rel diff {worst:.1e}")
+  # into a full-size update of that leaf. Its first moment, linear in the
+  # gradients, tells that rounding from a wrong result.
+  if not differ:
+    return "bit-identical"
+  text = f"{differ} of {len(flat)} leaves differ, max rel diff {worst:.1e}"
+  if worst > ROUNDING and moment is not None:
+    text += f"; adam's first moment {moment:.1e}"
+  return text
+
+
+def _rounding_text(rounding: list[float], differing: int) -> str:
+  if not differing:
+    return "none differ"
+  text = (f"{len(rounding)} of the other {differing} to float rounding (at most "
+          f"{max(rounding, default=0.0):.0e} of a leaf's largest element, or of adam's first "
+          "moment where adam turns a last-bit difference in a zero gradient into a full step)")
+  if len(rounding) < differing:
+    text += f", {differing - len(rounding)} beyond it"
+  return text
+
+
+def _rounding_bound(results: str) -> float | None:
+  """The relative difference a row's results show as float rounding, or None if they are not."""
+  m = re.search(r"max rel diff ([0-9.e+-]+)(?:; adam's first moment ([0-9.e+-]+))?", results)
+  if not m:
+    return None
+  worst = float(m.group(1))
+  if worst <= ROUNDING:
+    return worst
+  if m.group(2) and float(m.group(2)) <= ROUNDING:
+    return float(m.group(2))
+  return None
 
 
 def smallest_reached(step: Any, args: Any, smallest: int, **fit_kwargs: Any) -> dict[str, Any]:
@@ -230,6 +268,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
   honest = [r for r in budget_errors
             if r.get("smallest_reached") and not r.get("smallest_above_unplanned")]
   identical = sum(r.get("results") == "bit-identical" for r in fits)
+  bounds = [_rounding_bound(r.get("results", "")) for r in fits
+            if r.get("results") != "bit-identical"]
+  rounding = [b for b in bounds if b is not None]
   violations = sum(not r.get("within", True) for r in fits)
   failed = [r for r in rows if r.get("fit") == "failed" or "estimate_failed" in r]
   low_fits = [r for r in rows if r.get("low") == "fits"]
@@ -258,7 +299,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
       f"−5% (an under-estimate the budget arithmetic trusts): {below5}; median |error| "
       f"{statistics.median(abs(e) for e in errors) * 100:.1f}%." if errors else "* no estimates",
       f"* `fit({FRACTION})`: fits **{len(fits)} of {len(rows)}** (compiled peak over budget: "
-      f"{violations}; results bit-identical to `jax.jit`: {identical} of {len(fits)}); "
+      f"{violations}; results bit-identical to `jax.jit`: {identical} of {len(fits)}, "
+      f"{_rounding_text(rounding, len(bounds))}); "
       f"`BudgetError` {len(budget_errors)}, of which honest (the smallest peak it reports is at "
       f"most the unplanned peak and `fit` reaches it when asked): {len(honest)}; "
       f"failures: {len(failed)}.",

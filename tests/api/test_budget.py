@@ -36,6 +36,9 @@ def test_int_and_fraction():
     (-0.5, ValueError, "(0, 1]"),
     (float("nan"), ValueError, "(0, 1]"),
     ("0.1B", ValueError, "less than one byte"),
+    ("1e400", ValueError, "too large"),          # (an OverflowError from int(inf) before)
+    ("1e400GiB", ValueError, "too large"),
+    (float("inf"), ValueError, "(0, 1]"),
     (True, TypeError, "budget"),
     (None, TypeError, "budget"),
     ([1], TypeError, "int, float or str"),
@@ -47,7 +50,7 @@ def test_bad_budgets_name_the_argument(bad, exc, words):
   assert "`budget`" in msg and words in msg
 
 
-@pytest.mark.parametrize("bad", ["12 parsecs", -1, 0, 1.5])
+@pytest.mark.parametrize("bad", ["12 parsecs", -1, 0, 1.5, "1e400"])
 def test_fit_rejects_bad_budget_at_decoration(bad):
   with pytest.raises((ValueError, TypeError), match="`budget`"):
     jaxmem.fit(bad)

@@ -91,6 +91,16 @@ def test_probe_compiles_read_the_memory_of_the_compiles_that_run(mlp_small):
   assert res.compiler_options == {}
 
 
+def test_plan_summary_says_when_a_plan_misses_its_target(mlp_small):
+  step, args = mlp_small
+  reachable = jaxmem.plan(step, *args, budget=0.9, planner="greedy")
+  assert reachable.estimated_peak_bytes <= reachable.target_bytes
+  assert "MISSES" not in reachable.summary()
+  tiny = jaxmem.plan(step, *args, budget=0.01, planner="greedy")
+  assert tiny.estimated_peak_bytes > tiny.target_bytes
+  assert "MISSES the target by" in tiny.summary().splitlines()[1]
+
+
 def test_already_fits_means_no_plan(mlp_small):
   step, args = mlp_small
   fitted = jaxmem.fit(1.0)(step)

@@ -460,3 +460,18 @@ def test_demo_goes_on_with_the_smallest_reachable_budget(capsys):
   assert f"fitting the smallest reachable budget the error reports, {smallest}, instead" in out
   assert re.search(rf"\(budget {re.escape(smallest)}; the budget asked, .* is not reachable "
                    r"on this device\): OK; largest difference from jax.jit over 1 steps: 0;", out)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--budget", "abc"], "`--budget`='abc' is not a size"),
+    (["--budget", "1e400"], "is too large to be a number of bytes"),
+    (["--budget", "2.0"], "must be in (0, 1]"),
+    (["--batch", "0"], "`--batch` must be a positive batch size"),
+])
+def test_demo_bad_arguments_are_one_line_before_anything_runs(argv, message, capsys):
+  # Before, a bad --budget printed the whole lifetime report, then a traceback.
+  rc = main(["demo", *argv])
+  out, err = capsys.readouterr()
+  assert rc == 2 and out == ""
+  assert err.startswith("jaxmem demo: error: ") and err.count("\n") == 1, err
+  assert message in err and "Traceback" not in err

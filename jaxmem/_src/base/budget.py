@@ -83,6 +83,8 @@ def parse_budget(budget: Budget, *, argname: str = "budget") -> BudgetSpec:
           f"`{argname}`={budget!r} is not a size: expected a number and one of the units "
           f"B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. \"512MiB\"). {hint}")
     n = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(n):
+      raise ValueError(f"`{argname}`={budget!r} is too large to be a number of bytes. {hint}")
     if n < 1:
       raise ValueError(f"`{argname}`={budget!r} is less than one byte. {hint}")
     return BudgetSpec(bytes=int(n))

@@ -11,6 +11,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import traceback
@@ -70,6 +71,8 @@ def budget_arg(s: str) -> float | int | str:
     x = float(s)
   except ValueError:
     return s
+  if not math.isfinite(x):
+    return s      # (`parse_budget` says why: too large, or not a number)
   return int(x) if "." not in s and x.is_integer() else x
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxmem._src.cli.common import budget_arg
+from jaxmem._src.base.budget import parse_budget
+from jaxmem._src.cli.common import EXIT_USER_ERROR, budget_arg
 
 
 def build_mlp(batch_size: int = 8192, width: int = 512, depth: int = 8, classes: int = 10,
@@ -58,7 +60,21 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main_demo(args: argparse.Namespace) -> int:
-  """Runs ``demo``; returns the exit status."""
+  """Runs ``demo``; returns the exit status (2 with one line on stderr for bad arguments)."""
+  # Checked before anything is traced, so a bad value is one line, not a
+  # traceback after the report.
+  problems = []
+  if args.batch < 1:
+    problems.append(f"`--batch` must be a positive batch size, got {args.batch}")
+  if args.steps < 1:
+    problems.append(f"`--steps` must be at least 1, got {args.steps}")
+  try:
+    parse_budget(args.budget, argname="--budget")
+  except (TypeError, ValueError) as e:
+    problems.append(str(e))
+  if problems:
+    print(f"jaxmem demo: error: {'; '.join(problems)}", file=sys.stderr)
+    return EXIT_USER_ERROR
   return run_demo(args.batch, args.steps, args.budget)
 
 

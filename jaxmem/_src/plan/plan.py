@@ -134,7 +134,10 @@ class Plan:
         f"{len(self.pinned)} pinned, {self.substituted_ops} lowering substitutions"
         + (", async copies" if self.copies == "async" and self.num_offload else ""),
         f"  estimated peak: {format_bytes(self.unplanned_estimate_bytes)} unplanned -> "
-        f"{format_bytes(self.estimated_peak_bytes)} planned (target {format_bytes(self.target_bytes)})",
+        f"{format_bytes(self.estimated_peak_bytes)} planned (target {format_bytes(self.target_bytes)})"
+        + (f": MISSES the target by {format_bytes(self.estimated_peak_bytes - self.target_bytes)}"
+           " (the closest plan this planner found)"
+           if self.estimated_peak_bytes > self.target_bytes else ""),
     ]
     biggest = sorted(self.decisions, key=lambda d: -d.nbytes * (d.end - d.start))[:top]
     if biggest:
