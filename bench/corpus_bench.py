@@ -34,6 +34,10 @@ One change to the estimate followed their first run (XLA's code-duplication
 limit, found on the state-space model); that run is kept in
 ``bench/results/heldout_first.json`` and summarized next to the current one.
 About 15 minutes.
+
+``--set fresh`` measures ``bench/corpus/fresh.py``: steps written after the
+last estimate change of issue 14, when the held-out steps had served to
+diagnose the estimate; into ``bench/results/fresh.{json,md}``. About 10 minutes.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
@@ -73,6 +77,9 @@ LOW = 0.3
 BEFORE = RESULTS / "corpus_before_aliasing.json"
 #: The first run on the held-out steps, before the change made after measuring them.
 HELDOUT_FIRST = RESULTS / "heldout_first.json"
+#: The first run on the fresh steps, kept as it came (``--set fresh`` writes
+#: ``fresh.json``; this file is never rewritten).
+FRESH_FIRST = RESULTS / "fresh_first.json"
 
 
 def _fresh(args: Any) -> Any:
@@ -96,28 +103,33 @@ def _compare(got: Any, want: Any) -> str:
   want = jax.tree.leaves(want)
   if len(flat) != len(want):
     return "different outputs"
-  worst, differ, moment = 0.0, 0, None
+  worst, differ = 0.0, 0
+  moment_diff, moment_scale = 0.0, 0.0
   for (path, a), b in zip(flat, want):
     a, b = np.asarray(_data(a)), np.asarray(_data(b))
     if a.shape != b.shape:
       return "different shapes"
+    is_moment = re.search(r"[.'\[]mu\b", jax.tree_util.keystr(path)) is not None
+    if is_moment and b.size:
+      moment_scale = max(moment_scale, float(np.max(np.abs(b.astype(np.float64)))))
     if np.array_equal(a, b, equal_nan=True):
       continue
     differ += 1
-    scale = max(float(np.max(np.abs(b.astype(np.float64)))), 1e-30)
-    rel = float(np.max(np.abs(a.astype(np.float64) - b))) / scale
-    worst = max(worst, rel)
-    if re.search(r"[.'\[]mu\b", jax.tree_util.keystr(path)):
-      moment = max(moment or 0.0, rel)
+    diff = float(np.max(np.abs(a.astype(np.float64) - b)))
+    worst = max(worst, diff / max(float(np.max(np.abs(b.astype(np.float64)))), 1e-30))
+    if is_moment:
+      moment_diff = max(moment_diff, diff)
   # Relative to the leaf's largest element: adam turns a last-bit difference
-  # in a gradient that is zero in exact arithmetic (an attention key bias)
-  # into a full-size update of that leaf. Its first moment, linear in the
-  # gradients, tells that rounding from a wrong result.
+  # in a gradient that is zero in exact arithmetic (an attention key's bias,
+  # whose first moment is 1e-10 where the others' are 1e-2) into a full-size
+  # update of that leaf. Adam's first moment, linear in the gradients and
+  # compared with its largest element over all leaves, tells that rounding
+  # from a wrong result.
   if not differ:
     return "bit-identical"
   text = f"{differ} of {len(flat)} leaves differ, max rel diff {worst:.1e}"
-  if worst > ROUNDING and moment is not None:
-    text += f"; adam's first moment {moment:.1e}"
+  if worst > ROUNDING and moment_scale > 0:
+    text += f"; adam's first moment {moment_diff / moment_scale:.1e}"
   return text
 
 
@@ -126,7 +138,8 @@ def _rounding_text(rounding: list[float], differing: int) -> str:
     return "none differ"
   text = (f"{len(rounding)} of the other {differing} to float rounding (at most "
           f"{max(rounding, default=0.0):.0e} of a leaf's largest element, or of adam's first "
-          "moment where adam turns a last-bit difference in a zero gradient into a full step)")
+          "moment's largest where adam turns a last-bit difference in a gradient that is zero "
+          "in exact arithmetic into a full step)")
   if len(rounding) < differing:
     text += f", {differing - len(rounding)} beyond it"
   return text
@@ -251,7 +264,7 @@ def _headline(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
 
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any],
-           before: dict[str, Any] | None = None, heldout: bool = False) -> tuple[str, str]:
+           before: dict[str, Any] | None = None, which: str = "main") -> tuple[str, str]:
   """The full table and the README excerpt (the per-family summary).
 
   ``before``: an earlier run's results file, summarized in one line (what a
@@ -280,7 +293,14 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
           f"{meta['machine']}: {len(rows)} train steps of {len(families)} families from "
           "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
           "backend.")
-  if heldout:
+  heldout = which == "heldout"
+  if which == "fresh":
+    head = (f"`python bench/corpus_bench.py --set fresh` jax {meta['jax']}, commit "
+            f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
+            f"{len(families)} families from `bench/corpus/fresh.py`, written after the last "
+            "change to jaxmem's estimate and measured as they came, on XLA:CPU with the `ffi` "
+            "backend.")
+  elif heldout:
     head = (f"`python bench/corpus_bench.py --set heldout` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} held-out train steps of "
             f"{len(families)} families from `bench/corpus/heldout.py`, written after jaxmem's "
@@ -333,7 +353,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
     summary.append(f"| {fam} | {len(rs)} | {span} | {sum(abs(e) <= 0.1 for e in errs)} / "
                    f"{len(errs)} | {sum(r.get('fit') == 'fits' for r in rs)} / {len(rs)} | "
                    f"{len(ok)} / {len(be)} |")
-  title = ("# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
+  title = ("# jaxmem on fresh train steps (`bench/corpus_bench.py --set fresh`)" if which == "fresh"
+           else "# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
            else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
   full = [title, "",
           *summary, "",
@@ -378,12 +399,12 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help="measure the entries whose name contains this")
   parser.add_argument("--render", action="store_true", help="the tables again from the JSON")
-  parser.add_argument("--set", choices=("main", "heldout"), default="main",
-                      help="the main corpus, or the held-out steps (bench/corpus/heldout.py)")
+  parser.add_argument("--set", choices=("main", "heldout", "fresh"), default="main",
+                      help="the main corpus, the held-out steps (bench/corpus/heldout.py) or "
+                           "the fresh ones (bench/corpus/fresh.py)")
   opts = parser.parse_args()
-  heldout = opts.set == "heldout"
-  families = HELDOUT if heldout else FAMILIES
-  stem = "heldout" if heldout else "corpus"
+  families = {"main": FAMILIES, "heldout": HELDOUT, "fresh": FRESH}[opts.set]
+  stem = {"main": "corpus", "heldout": "heldout", "fresh": "fresh"}[opts.set]
   path = RESULTS / f"{stem}.json"
   old = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
   if opts.render:
@@ -408,11 +429,13 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   before = None
-  first = HELDOUT_FIRST if heldout else BEFORE
-  if first.exists():
+  # (The fresh steps' first run is summarized only once the estimate has
+  # changed after it; until then it is the current run's twin.)
+  first = {"main": BEFORE, "heldout": HELDOUT_FIRST, "fresh": None}[opts.set]
+  if first is not None and first.exists():
     before = json.loads(first.read_text())
     before["meta"].setdefault("file", first.name)
-  full, excerpt = render(rows, meta, before, heldout)
+  full, excerpt = render(rows, meta, before, opts.set)
   (RESULTS / f"{stem}.md").write_text(full)
   write_excerpt(stem, excerpt)
   print(full)

@@ -26,6 +26,10 @@ FAMILIES = ("convnets", "generative", "sequences", "structured")
 #: changed; it measures how the figures of ``FAMILIES`` generalise
 #: (``bench/corpus_bench.py --set heldout``).
 HELDOUT = ("heldout",)
+#: The fresh set (``fresh.py``): written after the last estimate change of
+#: issue 14, when the held-out steps had served to diagnose the estimate
+#: (``bench/corpus_bench.py --set fresh``).
+FRESH = ("fresh",)
 
 
 @dataclasses.dataclass(frozen=True)
