@@ -24,7 +24,7 @@ import jaxmem
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
   sys.path.insert(0, str(BENCH))
-from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, all_entries  # noqa: E402
 
 SAMPLE = ("cnn/bn-strided-s", "vae/mlp-s", "rnn/gru-scan-s", "graph/mpnn-s", "kmeans/lloyd-s",
           "contrastive/clip-mlp-s")
@@ -45,6 +45,16 @@ def test_the_held_out_steps_are_apart_from_the_corpus():
   assert len(heldout) >= 16 and len({e.family for e in heldout}) >= 8
   assert not {e.name for e in heldout} & {e.name for e in all_entries(FAMILIES)}
   assert not {e.family for e in heldout} & {e.family for e in all_entries(FAMILIES)}
+
+
+def test_the_fresh_steps_are_apart_from_both_other_sets():
+  # Written after the held-out steps had served to diagnose the estimate;
+  # measured by `bench/corpus_bench.py --set fresh` only.
+  fresh = all_entries(FRESH)
+  assert len(fresh) >= 8 and len({e.family for e in fresh}) >= 8
+  others = all_entries(FAMILIES + HELDOUT)
+  assert not {e.name for e in fresh} & {e.name for e in others}
+  assert not {e.family for e in fresh} & {e.family for e in others}
 
 
 @pytest.mark.parametrize("name", SAMPLE + ("gan/dcgan-s", "nnx/cnn-s"))
