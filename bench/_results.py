@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,4 +58,29 @@ def commit() -> str:
   except (OSError, subprocess.CalledProcessError):
     # A copy of the tree without .git (the device machine): the caller says.
     return os.environ.get("JAXMEM_COMMIT", "?")
-  return head + ("+dirty" if dirty else "")
+  return head + ("+dirty" if dirty else "") + _stale_import()
+
+
+def _stale_import() -> str:
+  """A warning for the commit when the jaxmem measured is not this checkout's.
+
+  A bench run as ``python bench/X.py`` imports jaxmem from the installed
+  package, which may predate the checkout (``pip install .`` again, or run
+  with ``PYTHONPATH=.``): its figures would be labelled with a commit whose
+  code was never measured.
+  """
+  module = sys.modules.get("jaxmem")
+  where = getattr(module, "__file__", None)
+  if not where:
+    return ""
+  installed = pathlib.Path(where).resolve().parent
+  if installed == (ROOT / "jaxmem").resolve() or _sources(installed) == _sources(ROOT / "jaxmem"):
+    return ""
+  print(f"warning: measuring jaxmem installed at {pathlib.Path(where).parent}, not this "
+        f"checkout ({ROOT}); run `pip install .` or set PYTHONPATH=.", file=sys.stderr)
+  return " (NOT this checkout: an installed jaxmem)"
+
+
+def _sources(package: pathlib.Path) -> dict[str, bytes]:
+  """The package's Python sources by relative path (what a stale install differs in)."""
+  return {str(p.relative_to(package)): p.read_bytes() for p in sorted(package.rglob("*.py"))}
