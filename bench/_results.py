@@ -64,7 +64,7 @@ def commit() -> str:
 def _stale_import() -> str:
   """A warning for the commit when the jaxmem measured is not this checkout's.
 
-  A bench run as ``python bench/X.py`` imports jaxmem from the installed
+  A bench script run from the checkout imports jaxmem from the installed
   package, which may predate the checkout (``pip install .`` again, or run
   with ``PYTHONPATH=.``): its figures would be labelled with a commit whose
   code was never measured.
