@@ -77,9 +77,12 @@ LOW = 0.3
 BEFORE = RESULTS / "corpus_before_aliasing.json"
 #: The first run on the held-out steps, before the change made after measuring them.
 HELDOUT_FIRST = RESULTS / "heldout_first.json"
-#: The first run on the fresh steps, kept as it came (``--set fresh`` writes
-#: ``fresh.json``; this file is never rewritten).
-FRESH_FIRST = RESULTS / "fresh_first.json"
+#: Per ``--set``: the family modules, the results files' stem, and the first
+#: run summarized beside the current one (``None`` for the fresh steps: their
+#: first run, ``fresh_first.json``, is kept as it came and is the current
+#: run's twin until the estimate changes after it).
+SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
+        "fresh": (FRESH, "fresh", None)}
 
 
 def _fresh(args: Any) -> Any:
@@ -403,8 +406,7 @@ def main() -> None:
                       help="the main corpus, the held-out steps (bench/corpus/heldout.py) or "
                            "the fresh ones (bench/corpus/fresh.py)")
   opts = parser.parse_args()
-  families = {"main": FAMILIES, "heldout": HELDOUT, "fresh": FRESH}[opts.set]
-  stem = {"main": "corpus", "heldout": "heldout", "fresh": "fresh"}[opts.set]
+  families, stem, first = SETS[opts.set]
   path = RESULTS / f"{stem}.json"
   old = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[])
   if opts.render:
@@ -429,9 +431,6 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
   before = None
-  # (The fresh steps' first run is summarized only once the estimate has
-  # changed after it; until then it is the current run's twin.)
-  first = {"main": BEFORE, "heldout": HELDOUT_FIRST, "fresh": None}[opts.set]
   if first is not None and first.exists():
     before = json.loads(first.read_text())
     before["meta"].setdefault("file", first.name)
