@@ -19,7 +19,7 @@ from jaxmem._src.api.policy import PolicyExport, policy, residual_actions
 from jaxmem._src.api.program import Program, analyze
 from jaxmem._src.base.budget import BudgetSpec, parse_budget
 from jaxmem._src.base.errors import BudgetError, JaxmemError, format_bytes
-from jaxmem._src.estimate.devices import DeviceProfile, device_profile
+from jaxmem._src.estimate.devices import DeviceProfile, Efficiency, device_profile
 from jaxmem._src.estimate.lifetimes import Profile
 from jaxmem._src.estimate.targets import Target, get_target
 from jaxmem._src.ir.blocks import Block
@@ -37,7 +37,7 @@ from jaxmem._src.verify.compiled import CompiledMemory, compiled_memory
 
 __all__ = [
     "Action", "ArenaStats", "BACKENDS", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledMemory",
-    "Decision", "DeviceProfile", "DqnDiagnostics", "DqnWeights", "FitResult", "Fitted", "HostArena", "JaxmemError",
+    "Decision", "DeviceProfile", "DqnDiagnostics", "DqnWeights", "Efficiency", "FitResult", "Fitted", "HostArena", "JaxmemError",
     "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "PolicyExport", "Profile", "Program", "Role",
     "Schedule", "Simulation", "Target", "VarInfo", "analyze", "compare", "compiled_memory",
     "device_profile", "dsa", "fit", "format_bytes", "get_planner", "get_target", "max_batch", "native",

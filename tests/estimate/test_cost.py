@@ -12,7 +12,7 @@ from jaxmem._src.estimate import cost, devices
 
 
 def test_device_profiles_cite_their_figures():
-  for name in ("h100-sxm", "h100-pcie", "a100-40g", "v100", "gtx-1080ti", "k40"):
+  for name in ("h100-sxm", "h100-pcie", "h200", "a100-40g", "v100", "gtx-1080ti", "k40"):
     prof = jaxmem.device_profile(name)
     assert prof.name == name and prof.source
     assert prof.memory_bytes and prof.memory_bytes_per_s and prof.host_bytes_per_s
@@ -26,13 +26,45 @@ def test_roofline_prices_compute_and_memory_bound_ops():
   mm = jax.make_jaxpr(lambda a: a @ a)(jnp.ones((4096, 4096))).eqns[0]
   add = jax.make_jaxpr(lambda a: a + a)(jnp.ones((4096, 4096))).eqns[0]
   h100 = jaxmem.device_profile("h100-sxm")
+  eff = h100.efficiency
   assert cost.eqn_flops(mm) == 2 * 4096 ** 3
-  # A big matmul is compute-bound, an elementwise add memory-bound.
+  # A big matmul is compute-bound, an elementwise add memory-bound; each at
+  # what its class achieves of the datasheet's rate.
   assert cost.eqn_seconds(mm, h100) == pytest.approx(
-      cost.eqn_flops(mm) / h100.flops_per_s + h100.op_overhead_s)
+      cost.eqn_flops(mm) / (h100.flops_per_s * eff.matmul) + h100.op_overhead_s)
   assert cost.eqn_seconds(add, h100) == pytest.approx(
-      3 * 4096 * 4096 * 4 / h100.memory_bytes_per_s + h100.op_overhead_s)
+      3 * 4096 * 4096 * 4 / (h100.memory_bytes_per_s * eff.memory) + h100.op_overhead_s)
   assert cost.eqn_seconds(add, h100, fused=True) < cost.eqn_seconds(add, h100)
+
+
+def test_every_op_class_is_derated_by_its_own_efficiency():
+  import dataclasses
+  x = jnp.ones((2048, 2048))
+  eqns = {name: jax.make_jaxpr(f)(x).eqns[0] for name, f in
+          (("matmul", lambda a: a @ a), ("memory", lambda a: a + a),
+           ("reduction", lambda a: a.sum(0)))}
+  ideal = jaxmem.DeviceProfile("ideal", 1e14, 1e10, None, 1e13, 1e12)
+  assert ideal.efficiency == jaxmem.Efficiency()       # user rates are achieved rates
+  for field in ("matmul", "memory", "reduction"):
+    half = dataclasses.replace(ideal, efficiency=jaxmem.Efficiency(**{field: 0.5}))
+    for name, eqn in eqns.items():
+      ratio = cost.eqn_seconds(eqn, half) / cost.eqn_seconds(eqn, ideal)
+      assert ratio == pytest.approx(2.0 if name == field else 1.0), (field, name)
+  slow = dataclasses.replace(ideal, efficiency=jaxmem.Efficiency(copy=0.5, copy_latency_s=1e-5))
+  assert slow.copy_seconds(1e9) == pytest.approx(1e-5 + 2 * ideal.copy_seconds(1e9))
+  # Built-in profiles give the link's rate and derate copies like compute.
+  h100 = jaxmem.device_profile("h100-sxm")
+  assert h100.host_bytes_per_s == 64e9 and h100.copy_bytes_per_s == pytest.approx(0.8 * 64e9)
+  assert h100.efficiency.matmul < 1 and h100.efficiency.memory < 1
+
+
+def test_efficiency_checks_its_fractions():
+  with pytest.raises(ValueError, match=r"`Efficiency.matmul`=1.5"):
+    jaxmem.Efficiency(matmul=1.5)
+  with pytest.raises(ValueError, match="copy_latency_s"):
+    jaxmem.Efficiency(copy_latency_s=-1.0)
+  with pytest.raises(TypeError, match="`DeviceProfile.efficiency`"):
+    jaxmem.DeviceProfile("x", 1e12, 1e9, efficiency=0.5)
 
 
 def test_vectorized_op_costs_equal_the_per_equation_roofline():

@@ -7,6 +7,15 @@ operands read plus results written. :func:`eqn_seconds` turns both into a
 roofline time on a :class:`~jaxmem._src.estimate.devices.DeviceProfile`;
 :class:`OpCosts` holds the device-independent part for a whole program, so
 that its per-op times on any device are one vectorized expression.
+
+Each op is priced at what its class achieves on the device, not at the
+datasheet's peak (:class:`~jaxmem._src.estimate.devices.Efficiency`): matmuls
+and convolutions at ``efficiency.matmul`` of the matrix rate, other
+arithmetic at ``efficiency.vector``, the bytes of reductions at
+``efficiency.reduction`` and of everything else at ``efficiency.memory`` of the
+memory bandwidth; host copies (``DeviceProfile.copy_seconds``) at
+``efficiency.copy`` of the link plus a latency. Recomputation and copies are
+thus derated alike, so neither is favoured by the model's optimism.
 """
 
 from __future__ import annotations
@@ -82,6 +91,15 @@ def _compute_rate(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float:
   return profile.vector_rate
 
 
+def _is_reduction(eqn: _compat.JaxprEqn) -> bool:
+  return primitives.eqn_facts(eqn).fusion is Fusion.REDUCE
+
+
+def _bandwidth(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
+  """Achieved memory bandwidth of ``eqn``'s class (``None``: the profile models none)."""
+  return profile.reduction_bytes_per_s if _is_reduction(eqn) else profile.stream_bytes_per_s
+
+
 def eqn_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile, *, fused: bool = False) -> float:
   """Roofline time of one equation: ``max(FLOPs / rate, bytes / bandwidth) + overhead``.
 
@@ -103,7 +121,8 @@ def eqn_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile, *, fused: bool = 
   compute = eqn_flops(eqn) / _compute_rate(eqn, profile)
   if fused:
     return compute
-  memory = eqn_bytes(eqn) / profile.memory_bytes_per_s if profile.memory_bytes_per_s else 0.0
+  bandwidth = _bandwidth(eqn, profile)
+  memory = eqn_bytes(eqn) / bandwidth if bandwidth else 0.0
   return max(compute, memory) + profile.op_overhead_s
 
 
@@ -120,24 +139,26 @@ class OpCosts:
     nbytes: per op, the bytes it moves unfused.
     matrix: per op, runs on the matrix units.
     half: per op, a half-precision (bfloat16/float16) first operand.
+    reduction: per op, a reduction (its bytes move at ``efficiency.reduction``).
     bodies: ``(op index, equation)`` of the ops with a body.
   """
   flops: np.ndarray
   nbytes: np.ndarray
   matrix: np.ndarray
   half: np.ndarray
+  reduction: np.ndarray
   bodies: tuple[tuple[int, _compat.JaxprEqn], ...]
 
   def seconds(self, profile: DeviceProfile, *, fused: bool) -> np.ndarray:
     """Per op, its time on ``profile`` when fused into its consumer or not."""
     vector = np.full(len(self.flops), profile.vector_rate)
-    matmul = np.where(self.half & bool(profile.half_flops_per_s),
-                      profile.half_flops_per_s or 0.0, profile.flops_per_s)
+    matmul = np.where(self.half, profile.matmul_rate("bfloat16"), profile.matmul_rate("float32"))
     compute = self.flops / np.where(self.matrix, matmul, vector)
     if fused:
       out = compute
     else:
-      memory = (self.nbytes / profile.memory_bytes_per_s if profile.memory_bytes_per_s
+      stream, reduce = profile.stream_bytes_per_s, profile.reduction_bytes_per_s
+      memory = (self.nbytes / np.where(self.reduction, reduce, stream) if stream
                 else np.zeros_like(compute))
       out = np.maximum(compute, memory) + profile.op_overhead_s
     for k, eqn in self.bodies:
@@ -147,7 +168,7 @@ class OpCosts:
 
 def op_costs(eqns: Sequence[tuple[_compat.JaxprEqn, bool]]) -> OpCosts:
   """The :class:`OpCosts` of a program's equations ``(eqn, has a body)``, in program order."""
-  flops, nbytes, matrix, half, bodies = [], [], [], [], []
+  flops, nbytes, matrix, half, reduction, bodies = [], [], [], [], [], []
   for k, (eqn, has_body) in enumerate(eqns):
     facts = primitives.eqn_facts(eqn)
     if has_body and facts.body is not Body.COMBINER:
@@ -157,8 +178,10 @@ def op_costs(eqns: Sequence[tuple[_compat.JaxprEqn, bool]]) -> OpCosts:
     matrix.append(facts.matrix_unit)
     half.append(facts.matrix_unit
                 and str(getattr(eqn.invars[0].aval, "dtype", "")) in HALF_DTYPES)
+    reduction.append(facts.fusion is Fusion.REDUCE)
   return OpCosts(np.asarray(flops, np.float64), np.asarray(nbytes, np.float64),
-                 np.asarray(matrix, bool), np.asarray(half, bool), tuple(bodies))
+                 np.asarray(matrix, bool), np.asarray(half, bool), np.asarray(reduction, bool),
+                 tuple(bodies))
 
 
 __all__ = ["OpCosts", "eqn_bytes", "eqn_flops", "eqn_seconds", "op_costs"]

@@ -151,7 +151,7 @@ def schedule_trace(plan: _PlanLike, path: str | os.PathLike[str] | None = None, 
   sim = simulate(plan, profile)
   trace = simulation_trace(sim, title=f"jaxmem schedule ({plan.planner}, {profile.name})")
   trace["otherData"] = {"planner": plan.planner, "flops_per_s": profile.flops_per_s,
-                        "host_bytes_per_s": profile.host_bytes_per_s, **trace["otherData"]}
+                        "host_bytes_per_s": profile.copy_bytes_per_s, **trace["otherData"]}
   return _write(trace, path)
 
 

@@ -279,6 +279,7 @@ def device_window(device: DeviceLike) -> float:
   bytes takes about ``N * M / B`` bytes of memory-bound computation.
   """
   dev = device_profile(device)
-  if not dev.memory_bytes_per_s:
+  stream = dev.stream_bytes_per_s
+  if not stream:
     return 1.0
-  return max(1.0, dev.memory_bytes_per_s / dev.host_bytes_per_s)
+  return max(1.0, stream / dev.copy_bytes_per_s)

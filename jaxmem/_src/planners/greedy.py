@@ -6,10 +6,12 @@ While the estimated peak is above the target:
    whose idle gap between two consecutive uses spans the current peak;
 2. ranking (AutoSwap §IV-B, AOA): bytes x length of the gap, the "area of
    absence" removed from under the memory curve, with the gap measured in
-   program positions rather than seconds (the cost model comes with issue 5);
+   program positions rather than seconds;
 3. action: recompute the value just before its next use (remat) when a short
    chain of ops rebuilds it from values that are live there anyway and that is
-   cheaper on ``device`` than a round trip to host; otherwise stage it to host
+   cheaper on ``device`` than a round trip to host (both priced by the
+   simulator's calibrated model, :class:`~jaxmem._src.planners.common.Pricer`);
+   otherwise stage it to host
    after its last use and fetch it back just before the next one (vDNN, paper
    004 §3.3: offload a feature map once its forward consumers are done,
    prefetch it for its backward consumer);
@@ -34,19 +36,21 @@ from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import CopyMode, Window, build_schedule
 from jaxmem._src.planners.chains import ChainState, find_chain
-from jaxmem._src.planners.common import candidate_vars, pins
+from jaxmem._src.planners.common import Pricer, candidate_vars, pins
 
 def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: int,
-            dev: DeviceProfile, max_chain: int,
+            pricer: Pricer, max_chain: int,
             allow_remat: bool, allow_offload: bool) -> Decision | None:
-  """Remat or offload of ``vid`` over the gap ``(a, b)``, whichever is cheaper on ``dev``."""
+  """Remat or offload of ``vid`` over the gap ``(a, b)``, whichever is cheaper on the device.
+
+  Both are priced by the simulator's model (:class:`~jaxmem._src.planners.common.Pricer`):
+  a recompute at its ops' times, an offload at its two copies' times.
+  """
   v = program.vars[vid]
   offload_ok = allow_offload and _compat.is_plain_array_aval(v.aval)
-  offload_cost = 2.0 * v.nbytes / dev.host_bytes_per_s
+  offload_cost = pricer.offload_seconds(v.nbytes)
   chain = find_chain(state, vid, b, max_chain) if allow_remat else None
-  flops = program.costs.flops
-  remat_cost = (float(sum(flops[k] for k in chain)) / dev.flops_per_s if chain
-                else float("inf"))
+  remat_cost = pricer.remat_seconds(chain) if chain else float("inf")
   if chain and (not offload_ok or remat_cost <= offload_cost):
     return Decision(vid, Action.REMAT, a, b, chain, v.nbytes, remat_cost)
   if offload_ok:
@@ -113,6 +117,7 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
   state = ChainState(program)
   for d in initial:
     state.add(d)
+  pricer = Pricer(program, dev)
 
   candidates = candidate_vars(program, min_bytes)
   rejected: set[tuple[int, int, int]] = set()
@@ -148,7 +153,7 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
       j = bisect.bisect_left(ev, b)
       if j == 0 or ev[j - 1] != a or j >= len(ev) or ev[j] != b:
         continue  # an earlier remat in this batch added a use inside the gap
-      d = _decide(state, program, vid, a, b, dev, max_chain, allow_remat, allow_offload)
+      d = _decide(state, program, vid, a, b, pricer, max_chain, allow_remat, allow_offload)
       if d is None:
         rejected.add((vid, a, b))
         continue
