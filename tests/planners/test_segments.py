@@ -317,3 +317,18 @@ def test_checkpoint_offloads_are_only_added_when_remat_does_not_fit(chain):
   b = jaxmem.get_planner("segments-remat")(prog, loose, "h100-pcie")
   assert not a.num_offload and [d.var for d in a.decisions] == [d.var for d in b.decisions]
 
+
+
+def test_auto_keeps_pins_only_where_they_pay(resnet18):
+  """The winner's decisions are also tried without Layrub's pins, and the faster fitting one kept."""
+  budget = int(0.5 * resnet18.peak_bytes)
+  plan = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie")
+  rows = plan.diagnostic(AutoDiagnostics).rows
+  unpinned_rows = [r for r in rows if r[0].endswith("/unpinned")]
+  assert len(unpinned_rows) == 1
+  winner = min((r for r in rows if r[1] <= budget), key=lambda r: r[2])
+  assert plan.planner == f"auto({winner[0]})"
+  bare = auto_mod.unpinned(plan, budget)
+  assert bare.pinned == () and bare.decisions == plan.decisions
+  if plan.planner.endswith("/unpinned)"):
+    assert plan.pinned == ()
