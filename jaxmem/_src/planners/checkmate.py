@@ -30,12 +30,13 @@ Where this departs from the paper, and why:
 * Results the program returns (``RematGraph.keep``) are never freed and are
   kept in every stage after they are computed: Checkmate's graphs end in a
   loss; a train step returns its gradients and new state.
-* Memory is counted per node: a node's ``M`` is the bytes of its results that
-  XLA stores (values it fuses away count 0, as jaxmem's estimate has them).
-  This is Checkmate's model, not jaxmem's whole estimate (no XLA temporaries,
-  no fusion changes when a value is recomputed): a plan is compared with the
-  optimum in this one model (:func:`rs_of_plan`), which is what the reference
-  is for.
+* Memory is counted per node, as in the paper: a node's ``M`` is the bytes of
+  all its results, whether or not XLA would fuse the op away. Counting fused
+  values as 0 (as jaxmem's estimate does inside a stage) let the optimum keep
+  a fused value across stages for free, which no compiler can: keeping it
+  means storing it. This is Checkmate's model, not jaxmem's whole estimate
+  (no XLA temporaries, no fusion): a plan is compared with the optimum in this
+  one model (:func:`rs_of_plan`), which is what the reference is for.
 
 The formulation has ``O(n^2)`` variables (``n^2/2`` each of R, S and U, and
 ``FREE`` per edge and stage), as the paper's: it is the reference for graphs of
@@ -127,22 +128,19 @@ class Solution:
 def graph_of(program: AnalyzedProgram, device: DeviceLike = None) -> RematGraph:
   """The Checkmate graph of ``program``'s top-level ops, priced on ``device`` as the simulator does.
 
-  Each op is a node; its size is the bytes of its results XLA stores (the
-  unplanned estimate's fused-away values count 0); a node reads the nodes that
-  made its inputs; the program's arguments are fixed bytes and its results
-  are kept.
+  Each op is a node; its size is the bytes of its results; a node reads the
+  nodes that made its inputs; the program's arguments are fixed bytes and its
+  results are kept.
   """
   dev = device_profile(device)
   seconds = program.op_seconds(dev)
-  virtual = program.profile.virtual
   maker = {}
   for op in program.ops:
     for o in op.outputs:
       maker[o] = op.index
   sizes, deps, keep = [], [], set()
   for op in program.ops:
-    sizes.append(sum(program.vars[o].nbytes for o in op.outputs
-                     if virtual is None or not virtual[o]))
+    sizes.append(sum(program.vars[o].nbytes for o in op.outputs))
     deps.append(tuple(sorted({maker[x] for x in op.input_ids() if x in maker})))
     if any(program.vars[o].is_output for o in op.outputs):
       keep.add(op.index)
