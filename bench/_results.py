@@ -34,6 +34,14 @@ def write_excerpt(name: str, text: str, results: pathlib.Path = RESULTS) -> path
   return path
 
 
+def write_report(name: str, lines: list[str], excerpt: str) -> None:
+  """Writes ``bench/results/<name>.md`` (``lines``) and the README excerpt, and prints the report."""
+  text = "\n".join(lines)
+  (RESULTS / f"{name}.md").write_text(text + "\n", encoding="utf-8")
+  write_excerpt(name, excerpt)
+  print(text)
+
+
 def flops_of(compiled: Any) -> float | None:
   """``compiled.cost_analysis()["flops"]`` (a dict, or a list of one dict per program)."""
   try:

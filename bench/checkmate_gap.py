@@ -37,7 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxmem  # noqa: E402
-from _results import commit, write_excerpt  # noqa: E402
+from _results import commit, write_report  # noqa: E402
 from jaxmem._src.planners import checkmate as cm  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -141,9 +141,7 @@ def main() -> None:
 
 def write(res: dict) -> None:
   lines = render(res)
-  (RESULTS / "checkmate_gap.md").write_text("\n".join(lines) + "\n")
-  write_excerpt("checkmate_gap", "\n".join(lines[2:]))
-  print("\n".join(lines))
+  write_report("checkmate_gap", lines, "\n".join(lines[2:]))
 
 
 def render(res: dict) -> list[str]:

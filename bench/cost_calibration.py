@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import jax  # noqa: E402
 
 import jaxmem  # noqa: E402
-from _results import commit, write_excerpt  # noqa: E402
+from _results import commit, write_report  # noqa: E402
 from jaxmem._src.estimate.devices import PROFILES  # noqa: E402
 from jaxmem._src.estimate.analysis import analyze_program  # noqa: E402
 from jaxmem._src.ir.trace import trace  # noqa: E402
@@ -177,9 +177,7 @@ def main() -> None:
                 rows=table, copies=copies)
   (RESULTS / "cost_calibration.json").write_text(json.dumps(result, indent=1))
   lines = render(result)
-  (RESULTS / "cost_calibration.md").write_text("\n".join(lines) + "\n")
-  write_excerpt("cost_calibration", "\n".join(lines[2:]))
-  print("\n".join(lines))
+  write_report("cost_calibration", lines, "\n".join(lines[2:]))
 
 
 def render(res: dict) -> list[str]:
