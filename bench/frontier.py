@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import jax  # noqa: E402
 
 import jaxmem  # noqa: E402
-from _results import commit, write_excerpt  # noqa: E402
+from _results import commit, write_report  # noqa: E402
 from jaxmem._src.estimate.analysis import analyze_program  # noqa: E402
 from jaxmem._src.ir.trace import trace  # noqa: E402
 from jaxmem._src.plan.simulate import program_time  # noqa: E402
@@ -212,12 +212,14 @@ def main() -> None:
                        quick=a.quick, devices=list(DEVICES), wall_s=time.perf_counter() - t0),
              rows=rows)
   (RESULTS / "frontier.json").write_text(json.dumps(res, indent=1))
+  write(res)
+
+
+def write(res: dict) -> None:
   lines = render(res)
-  (RESULTS / "frontier.md").write_text("# Memory against overhead: auto and JAX's policies\n\n"
-                                       + "\n".join(lines) + "\n")
+  write_report("frontier", ["# Memory against overhead: auto and JAX's policies", "", *lines],
+               "\n".join(lines[:4]))
   plot(res, RESULTS / "frontier.png")
-  write_excerpt("frontier", "\n".join(lines[:4]))
-  print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def op_costs(eqns: Sequence[tuple[_compat.JaxprEqn, bool]]) -> OpCosts:
     matrix.append(facts.matrix_unit)
     half.append(facts.matrix_unit
                 and str(getattr(eqn.invars[0].aval, "dtype", "")) in HALF_DTYPES)
-    reduction.append(facts.fusion is Fusion.REDUCE)
+    reduction.append(_is_reduction(eqn))
   return OpCosts(np.asarray(flops, np.float64), np.asarray(nbytes, np.float64),
                  np.asarray(matrix, bool), np.asarray(half, bool), np.asarray(reduction, bool),
                  tuple(bodies))

@@ -152,19 +152,18 @@ class DeviceProfile:
     """Achieved rate of non-matrix arithmetic (peak x ``efficiency.vector``)."""
     return (self.vector_flops_per_s or self.flops_per_s / 8) * self.efficiency.vector
 
+  def _memory_rate(self, fraction: float) -> float | None:
+    return self.memory_bytes_per_s * fraction if self.memory_bytes_per_s else None
+
   @property
   def stream_bytes_per_s(self) -> float | None:
     """Achieved device-memory bandwidth of elementwise kernels (``None``: not modelled)."""
-    if not self.memory_bytes_per_s:
-      return None
-    return self.memory_bytes_per_s * self.efficiency.memory
+    return self._memory_rate(self.efficiency.memory)
 
   @property
   def reduction_bytes_per_s(self) -> float | None:
     """Achieved device-memory bandwidth of reductions (``None``: not modelled)."""
-    if not self.memory_bytes_per_s:
-      return None
-    return self.memory_bytes_per_s * self.efficiency.reduction
+    return self._memory_rate(self.efficiency.reduction)
 
   @property
   def copy_bytes_per_s(self) -> float:

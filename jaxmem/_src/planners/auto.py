@@ -195,7 +195,7 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   if best[0] < float("inf"):
     retry = best[1]
   else:
-    retry = min((p for p in tried), key=lambda p: p.estimated_peak_bytes)
+    retry = min(tried, key=lambda p: p.estimated_peak_bytes)
   if retry.pinned:
     consider(unpinned(retry, budget_bytes))
   chosen = best[1]
