@@ -42,17 +42,32 @@ def write_report(name: str, lines: list[str], excerpt: str) -> None:
   print(text)
 
 
-def flops_of(compiled: Any) -> float | None:
-  """``compiled.cost_analysis()["flops"]`` (a dict, or a list of one dict per program)."""
+def _cost(compiled: Any) -> dict | None:
   try:
     cost = compiled.cost_analysis()
   except Exception:  # noqa: BLE001 (a backend without a cost model)
     return None
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return float(cost["flops"])
+  return cost or None
+
+
+def flops_of(compiled: Any) -> float | None:
+  """``compiled.cost_analysis()["flops"]`` (a dict, or a list of one dict per program)."""
+  cost = _cost(compiled)
+  return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def bytes_accessed_of(compiled: Any) -> float | None:
+  """``compiled.cost_analysis()["bytes accessed"]``: the compiled program's memory traffic.
+
+  XLA:TPU counts every fusion's operands read and results written after its
+  own fusion, so it is the compiler's figure for what the estimate's bytes
+  model (``estimate/cost.py``) predicts. XLA:GPU compiled ahead of time has
+  no cost analysis (``None``).
+  """
+  cost = _cost(compiled)
+  return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
 
 
 def commit() -> str:

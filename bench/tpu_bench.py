@@ -21,7 +21,8 @@ UNet from examples/), each of
 gives one row: the compiled peak (``argument + output + temp - alias`` of
 ``memory_analysis()``), its fraction of the unplanned peak, the host bytes
 (``host_temp_size_in_bytes``), the compiled FLOPs (``cost_analysis()["flops"]``)
-and their ratio to plain ``jax.jit``; for the fitted rows also the budget,
+and memory traffic (``cost_analysis()["bytes accessed"]``, XLA:TPU's figure
+after its fusion) and their ratios to plain ``jax.jit``; for the fitted rows also the budget,
 whether the peak is within it, the plan-compile rounds, the planning seconds,
 the planner and its remat/offload decisions. A ``BudgetError`` is a row with
 the smallest compiled peak jaxmem reached; an exception inside jaxmem is a row
@@ -65,7 +66,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxmem  # noqa: E402
-from _results import commit, flops_of, write_excerpt  # noqa: E402
+from _results import bytes_accessed_of, commit, flops_of, write_excerpt  # noqa: E402
 from jaxmem._src.estimate.targets import get_target  # noqa: E402
 
 TARGET = "tpu:v5e"
@@ -137,7 +138,7 @@ def measure(compiled: Any) -> dict[str, Any]:
   mem = jaxmem.compiled_memory(compiled)
   return dict(peak=mem.peak_bytes, argument=mem.argument_bytes, output=mem.output_bytes,
               temp=mem.temp_bytes, alias=mem.alias_bytes, host=mem.host_temp_bytes,
-              flops=flops_of(compiled))
+              flops=flops_of(compiled), accessed=bytes_accessed_of(compiled))
 
 
 def short_error(e: BaseException) -> str:
@@ -217,7 +218,8 @@ def run_fit(model: Model, quick: bool, frac: float) -> dict[str, Any]:
   return row
 
 
-def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
+def run(names: list[str], quick: bool, budgets: tuple[float, ...] = BUDGETS
+        ) -> list[dict[str, Any]]:
   target = get_target(TARGET)
   log(f"target {target} ({target.devices[0].device_kind}), models {', '.join(names)}"
       f"{' (quick)' if quick else ''}")
@@ -227,8 +229,8 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
     label = "quick: " + ", ".join(f"{k}={v}" for k, v in model.quick.items()
                                   if k != "abstract") if quick else model.label
     methods = [("jit", None), *((f"policy:{p}", p) for p in POLICIES),
-               *((f"xla-remat({f})", f) for f in BUDGETS),
-               *((f"fit({f})", f) for f in BUDGETS)]
+               *((f"xla-remat({f})", f) for f in budgets),
+               *((f"fit({f})", f) for f in budgets)]
     base: dict[str, Any] | None = None
     for method, arg in methods:
       log(f"[{name}] {method} ...")
@@ -259,6 +261,8 @@ def run(names: list[str], quick: bool) -> list[dict[str, Any]]:
         row["peak_fraction"] = row["peak"] / base["peak"]
         if row.get("flops") and base.get("flops"):
           row["flops_ratio"] = row["flops"] / base["flops"]
+        if row.get("accessed") and base.get("accessed"):
+          row["accessed_ratio"] = row["accessed"] / base["accessed"]
       if base is not None:
         row["unplanned_peak"] = base["peak"]
       rows.append(row)
@@ -293,6 +297,10 @@ def fmt_flops(r: dict[str, Any]) -> str:
   return "-" if r.get("flops") is None else f"{r['flops'] / 1e9:.1f}"
 
 
+def fmt_accessed(r: dict[str, Any]) -> str:
+  return "-" if r.get("accessed") is None else f"{r['accessed'] / 1e9:.2f}"
+
+
 def fmt_ratio(r: dict[str, Any], key: str) -> str:
   return f"{r[key]:.2f}" if key in r else "-"
 
@@ -305,7 +313,8 @@ def refused(r: dict[str, Any]) -> str:
   return f"`BudgetError`: smallest reachable {mib(r['smallest'])} MiB{frac}"
 
 
-HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit | budget MiB "
+HEAD = ("| model | method | TPU peak MiB | of jit | host MiB | GFLOP | FLOPs vs jit | GB accessed "
+        "| accessed vs jit | budget MiB "
         "| within | rounds | planning s | planner: remat / offload |")
 
 
@@ -315,14 +324,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = f"| {r['model']} | {r['method']} "
     if r["status"] == "BudgetError":
       lines.append(head + f"| {refused(r)} "
-                   f"| - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} | - |")
+                   f"| - | - | - | - | - | - | {mib(r['budget'])} | no | - | {r['planning_s']:.1f} "
+                   "| - |")
       continue
     if r["status"] != "ok":
       err = r["error"].replace("|", "\\|")
-      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - |")
+      lines.append(head + f"| error: {err} | - | - | - | - | - | - | - | - | - | - | - |")
       continue
     cells = [mib(r["peak"]), fmt_ratio(r, "peak_fraction"), mib(r["host"]), fmt_flops(r),
-             fmt_ratio(r, "flops_ratio")]
+             fmt_ratio(r, "flops_ratio"), fmt_accessed(r), fmt_ratio(r, "accessed_ratio")]
     if "rounds" in r:
       cells += [mib(r["budget"]), "yes" if r["within"] else "**NO**", str(r["rounds"]),
                 f"{r['planning_s']:.1f}", f"{r['planner']}: {r['remat']} / {r['offload']}"]
@@ -363,6 +373,8 @@ def command(meta: dict[str, Any]) -> str:
   cmd = "python bench/tpu_bench.py"
   if meta.get("models") and meta["models"] != list(MODELS):
     cmd += " --models " + ",".join(meta["models"])
+  if meta.get("budgets") and tuple(meta["budgets"]) != BUDGETS:
+    cmd += " --budgets " + ",".join(map(str, meta["budgets"]))
   return cmd + (" --quick" if meta.get("quick") else "")
 
 
@@ -385,7 +397,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
       "state (parameters, statistics, optimizer state: `donate_argnums`), as a training loop "
       "does. Peak = argument + output + temp - alias bytes of the compiled "
       "program's `memory_analysis()`; host = its `host_temp_size_in_bytes`; GFLOP = "
-      "`cost_analysis()[\"flops\"]` / 1e9. `policy:` rows apply JAX's "
+      "`cost_analysis()[\"flops\"]` / 1e9; GB accessed = `cost_analysis()[\"bytes accessed\"]` "
+      "/ 1e9, the compiled program's memory traffic (\"-\": rows measured before it was "
+      "recorded). `policy:` rows apply JAX's "
       "`jax.checkpoint_policies` by hand to every block (`nn.remat`; `offload_*` to "
       "`pinned_host`); `fit(f)` rows are `jaxmem.fit(f, target=\"tpu:v5e\")`, planning s "
       "being its plan-and-compile time (every compile included). Nothing ran on a TPU, so "
@@ -460,6 +474,9 @@ def main() -> None:
   p.add_argument("--quick", action="store_true",
                  help="small versions of the models (a smoke check; written to a scratch "
                       "directory unless --out says otherwise)")
+  p.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
+                 help="comma-separated fractions of the unplanned compiled peak for the "
+                      "xla-remat and fit rows (default %(default)s)")
   p.add_argument("--out", default=None, help="results directory (default bench/results)")
   p.add_argument("--render", action="store_true",
                  help="compile nothing: rewrite tpu.md and the README excerpt from tpu.json")
@@ -479,12 +496,18 @@ def main() -> None:
     write(out, data["rows"], data["meta"])
     return
   started_at = commit()   # what this run imported, not what the tree holds when it ends
-  rows = run(names, a.quick)
+  try:
+    budgets = tuple(float(f) for f in a.budgets.split(",") if f.strip())
+  except ValueError:
+    p.error(f"--budgets must be comma-separated fractions, got {a.budgets!r}")
+  if not budgets or not all(0 < f < 1 for f in budgets):
+    p.error(f"--budgets must be fractions in (0, 1), got {a.budgets!r}")
+  rows = run(names, a.quick, budgets)
   target = get_target(TARGET)
   meta = dict(jax=jax.__version__, libtpu=importlib.metadata.version("libtpu"),
               jaxmem=getattr(jaxmem, "__version__", "?"), target=TARGET,
               device_kind=target.devices[0].device_kind, date=time.strftime("%Y-%m-%d %H:%M"),
-              quick=a.quick, models=names, wall_s=time.perf_counter() - T0, commit=started_at,
+              quick=a.quick, models=names, budgets=list(budgets), wall_s=time.perf_counter() - T0, commit=started_at,
               note="XLA:TPU compiled program for TPU v5e, compiled ahead of time on a CPU-only "
                    "machine; no step was run on a TPU")
   out.mkdir(parents=True, exist_ok=True)

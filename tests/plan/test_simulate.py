@@ -62,3 +62,19 @@ def test_async_copies_overlap_and_one_engine_serializes(program):
   off = {e.name.split(" ", 1)[1]: e.end_s for e in duplex.timeline if e.name.startswith("offload")}
   assert all(e.start_s >= off[e.name.split(" ", 1)[1]] - 1e-12
              for e in duplex.timeline if e.name.startswith("fetch") and e.kind == "copy")
+
+
+def test_accessed_bytes_count_what_is_stored_and_what_recomputation_adds(program):
+  """The unplanned step moves its stored values' bytes; a recomputation moves more."""
+  import numpy as np
+
+  unplanned = jaxmem.simulate(greedy(program, program.peak_bytes), "h100-pcie")
+  virtual = program.profile.virtual
+  stored_ops = [op.index for op in program.ops
+                if not (op.outputs and all(virtual[o] for o in op.outputs))]
+  expected = float(np.sum(program.costs.nbytes[stored_ops]))
+  assert unplanned.accessed_bytes == pytest.approx(expected, rel=0.05)
+  remat = jaxmem.simulate(greedy(program, int(0.6 * program.peak_bytes), "h100-pcie"),
+                          "h100-pcie")
+  assert remat.recompute_s > 0
+  assert remat.accessed_bytes > unplanned.accessed_bytes

@@ -80,6 +80,9 @@ class Simulation:
     stall_s: time the compute stream waited for copies.
     recompute_s: time spent recomputing.
     copied_bytes: bytes moved each way (device to host; the same come back).
+    accessed_bytes: device-memory bytes the compute steps read and write, as
+      priced (fused values move none; the model's counterpart of XLA's
+      ``cost_analysis()["bytes accessed"]``).
     peak_bytes: the schedule's estimated peak.
     step_start_s: start time of every step (for memory over time).
     live_bytes: estimated live bytes at every step (``len(steps) + 1`` entries).
@@ -98,6 +101,7 @@ class Simulation:
   live_bytes: np.ndarray
   timeline: tuple[Event, ...]
   schedule: Schedule = dataclasses.field(repr=False, compare=False)
+  accessed_bytes: float = 0.0
 
   def __str__(self) -> str:
     return (f"simulated on {self.device}: step {self.step_time_s * 1e3:.3f} ms vs unplanned "
@@ -160,6 +164,9 @@ def simulate(plan: Schedulable | None, device: DeviceLike = None, *,
   # as the unplanned program's, on this schedule's fusion).
   fused_s = program.costs.seconds(dev, fused=True)
   unfused_s = program.costs.seconds(dev, fused=False)
+  fused_b = program.costs.accessed_bytes(fused=True)
+  unfused_b = program.costs.accessed_bytes(fused=False)
+  accessed = 0.0
   t_c = t_d2h = t_h2d = 0.0
   stall = recompute = 0.0
   copied = 0
@@ -205,6 +212,7 @@ def simulate(plan: Schedulable | None, device: DeviceLike = None, *,
         continue   # nothing reads it (a value restored later instead): XLA removes it
       fused = bool(st.outputs) and all(virtual[o] for o in st.outputs)
       dt = float(fused_s[st.op] if fused else unfused_s[st.op])
+      accessed += float(fused_b[st.op] if fused else unfused_b[st.op])
       events.append(Event("compute", op.primitive, t_c, t_c + dt, i, 0,
                           "recompute" if st.recompute else "compute",
                           st.var if st.recompute else None))
@@ -245,4 +253,4 @@ def simulate(plan: Schedulable | None, device: DeviceLike = None, *,
   total = t_c
   return Simulation(dev.name, total, base, total / base - 1.0 if base > 0 else 0.0, stall,
                     recompute, copied, prof.peak_bytes, starts, np.asarray(prof.live_bytes),
-                    tuple(events), schedule)
+                    tuple(events), schedule, accessed)

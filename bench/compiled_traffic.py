@@ -1,0 +1,213 @@
+"""The cost model against XLA:TPU's compiled program: peak, FLOPs and bytes accessed.
+
+The simulator prices a step by its FLOPs and the bytes its unfused ops move
+(``estimate/cost.py``); the planners and the frontier (``bench/frontier.py``)
+compare plans with JAX's policies by that price. This bench checks the price
+against a compiler's own figures: each step is compiled ahead of time for a
+TPU v5e (``target="tpu:v5e"``, libtpu, no TPU needed) and
+``cost_analysis()`` gives its FLOPs and ``"bytes accessed"`` (every fusion's
+operands read and results written, after XLA's fusion), ``memory_analysis()``
+its peak. Per model, one row each for
+
+* plain ``jax.jit``;
+* JAX's policies applied by hand to every block (``nn.remat``);
+* ``auto``'s plans at 0.85, 0.7 and 0.5 of the estimated peak, planned on
+  the ``tpu-v5e`` profile and lowered through the ``xla`` backend (what
+  ``fit`` compiles on a TPU);
+
+with the estimate beside the compiled figure: the estimated peak and the
+compiled one (argument + output + temp - alias), the estimated FLOPs of the
+ops the schedule runs and the compiled ones, the bytes the simulator prices
+(``Simulation.accessed_bytes``) and the compiled bytes accessed, and the
+simulated overhead on ``tpu-v5e``. Each ratio is to plain ``jax.jit``'s own
+(estimated to estimated, compiled to compiled). Nothing runs on a TPU: there
+is no step time here, only what it is made of.
+
+Run: ``python bench/compiled_traffic.py [--models resnet18,gpt,mlp]``
+(each compile takes 10 s to 2 min on 2 cores); writes
+bench/results/compiled_traffic.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxmem  # noqa: E402
+from _results import RESULTS, bytes_accessed_of, commit, flops_of, write_report  # noqa: E402
+from jaxmem._src.estimate.analysis import analyze_program  # noqa: E402
+from jaxmem._src.estimate.targets import get_target  # noqa: E402
+from jaxmem._src.ir.trace import trace  # noqa: E402
+from jaxmem._src.lower.backend import jit_plan  # noqa: E402
+from jaxmem._src.plan.schedule import StepKind  # noqa: E402
+from jaxmem._src.planners import common  # noqa: E402
+
+TARGET, PROFILE = "tpu:v5e", "tpu-v5e"
+POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+FRACTIONS = (0.85, 0.7, 0.5)
+# (label, example module, build kwargs): the GPT is the issue's 4-layer step
+# (batch 64 x 256 tokens, width 128); the ResNet-18 and the MLP are
+# bench/gpu_bench.py's, measured on an H200 there.
+MODELS = {
+    "resnet18": ("ResNet-18, 112x112, batch 128", "resnet",
+                 dict(batch_size=128, depth=18, image_size=112, classes=1000)),
+    "gpt": ("GPT 4x128, seq 256, batch 64", "transformer",
+            dict(batch_size=64, seq_len=256, dim=128, heads=4, layers=4)),
+    "mlp": ("MLP 8x1024, batch 32768", "mlp", dict(batch_size=32768, width=1024, depth=8)),
+}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+  print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def estimated(plan: jaxmem.Plan) -> dict[str, float]:
+  """The estimate of ``plan``: peak, FLOPs of the ops its schedule runs, priced bytes, overhead."""
+  sim = jaxmem.simulate(plan, PROFILE)
+  sched = sim.schedule
+  read = {x for st in sched.steps for x in st.inputs if isinstance(x, int)}
+  read.update(x for x in sched.outputs if isinstance(x, int))
+  prog = plan.program
+  flops = 0.0
+  for st in sched.steps:
+    if st.kind is StepKind.COMPUTE and (not st.outputs or prog.ops[st.op].eqn.effects
+                                        or any(o in read for o in st.outputs)):
+      flops += float(prog.costs.flops[st.op])
+  return dict(est_peak=plan.estimated_peak_bytes, est_flops=flops,
+              est_accessed=sim.accessed_bytes, overhead=sim.overhead,
+              sim_s=sim.step_time_s)
+
+
+def compiled(fn: Any, args: Any, target: Any) -> dict[str, float]:
+  t = time.perf_counter()
+  c = fn.lower(*target.place(args)).compile()
+  mem = jaxmem.compiled_memory(c)
+  return dict(peak=mem.peak_bytes, flops=flops_of(c), accessed=bytes_accessed_of(c),
+              compile_s=time.perf_counter() - t)
+
+
+def analyse(step: Any, args: Any) -> jaxmem.Program:
+  shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+  return jaxmem.Program.of(analyze_program(trace(step, shapes, backend="tpu")))
+
+
+def run_model(name: str, target: Any) -> list[dict[str, Any]]:
+  label, mod_name, kw = MODELS[name]
+  module = importlib.import_module(mod_name)
+  rows = []
+  step, args = module.build(**kw)
+  plain = analyse(step, args)
+  none = common.finish(plain, (), plain.peak_bytes, "none", ())
+  log(f"[{name}] jit ...")
+  rows.append(dict(model=name, label=label, method="jit", **estimated(none),
+                   **compiled(jax.jit(step), args, target)))
+  for pol in POLICIES:
+    log(f"[{name}] policy:{pol} ...")
+    pstep, pargs = module.build(**kw, remat_policy=pol)
+    prog = analyse(pstep, pargs)
+    est = estimated(common.finish(prog, (), prog.peak_bytes, "none", ()))
+    est["overhead"] = est["sim_s"] / rows[0]["sim_s"] - 1
+    rows.append(dict(model=name, label=label, method=f"policy:{pol}", **est,
+                     **compiled(jax.jit(pstep), pargs, target)))
+  for frac in FRACTIONS:
+    log(f"[{name}] auto({frac}) ...")
+    t = time.perf_counter()
+    plan = jaxmem.get_planner("auto")(plain, int(frac * plain.peak_bytes), PROFILE)
+    plan_s = time.perf_counter() - t
+    rows.append(dict(model=name, label=label, method=f"auto({frac})", planner=plan.planner,
+                     plan_s=plan_s, decisions=len(plan.decisions), **estimated(plan),
+                     **compiled(jit_plan(plan, backend="xla"), args, target)))
+  base = rows[0]
+  for r in rows:
+    for key, ref in (("est_peak", "est_peak"), ("est_flops", "est_flops"),
+                     ("est_accessed", "est_accessed"), ("peak", "peak"), ("flops", "flops"),
+                     ("accessed", "accessed")):
+      if r.get(key) is not None and base.get(ref):
+        r[f"{key}_ratio"] = r[key] / base[ref]
+    log(f"[{name}] {r['method']}: est peak {r['est_peak_ratio']:.2f} compiled "
+        f"{r['peak_ratio']:.2f}; est bytes {r['est_accessed_ratio']:.3f} compiled "
+        f"{r.get('accessed_ratio', float('nan')):.3f}; est FLOPs {r['est_flops_ratio']:.3f} "
+        f"compiled {r.get('flops_ratio', float('nan')):.3f}; sim {r['overhead']:+.1%}")
+  return rows
+
+
+def _pct(x: float | None) -> str:
+  return "-" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+
+def render(res: dict[str, Any]) -> list[str]:
+  m = res["meta"]
+  rows = res["rows"]
+  lines = [f"`python bench/compiled_traffic.py --models {','.join(m['models'])}` at {m['commit']} "
+           f"(jax {m['jax']}, libtpu {m['libtpu']}, {m['date']}): XLA:TPU's compiled program for "
+           "a TPU v5e chip, compiled ahead of time on a CPU-only machine (nothing ran on a TPU), "
+           "beside jaxmem's estimate of the same step. Every ratio is to plain `jax.jit` of the "
+           "same model (estimate to estimate, compiled to compiled). Models: "
+           + "; ".join(f"{k}: {MODELS[k][0]}" for k in m["models"]) + ".", "",
+           "| model | method | est peak | compiled peak | est FLOPs | compiled FLOPs | "
+           "est bytes | compiled bytes | compiled GB accessed | simulated (tpu-v5e) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    method = r["method"] + (f" = {r['planner']}" if "planner" in r else "")
+    acc = "-" if r.get("accessed") is None else f"{r['accessed'] / 1e9:.2f}"
+    lines.append(f"| {r['model']} | {method} | {_pct(r.get('est_peak_ratio'))} | "
+                 f"{_pct(r.get('peak_ratio'))} | {_pct(r.get('est_flops_ratio'))} | "
+                 f"{_pct(r.get('flops_ratio'))} | {_pct(r.get('est_accessed_ratio'))} | "
+                 f"{_pct(r.get('accessed_ratio'))} | {acc} | {r['overhead']:+.1%} |")
+  # How far the estimate's traffic is from the compiled traffic, per row kind.
+  errs: dict[str, list[float]] = {}
+  for r in rows:
+    if r.get("accessed") and r.get("est_accessed"):
+      kind = r["method"].split(":")[0].split("(")[0]
+      errs.setdefault(kind, []).append(r["est_accessed"] / r["accessed"] - 1)
+  lines += ["", "Estimated bytes over compiled bytes accessed, by kind of row (median, range): "
+            + "; ".join(f"{k} {np.median(v):+.0%} ({min(v):+.0%} .. {max(v):+.0%}, {len(v)} rows)"
+                        for k, v in errs.items()) + "."]
+  return lines
+
+
+def excerpt(res: dict[str, Any]) -> str:
+  return "\n".join(render(res))
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--models", default=",".join(MODELS))
+  p.add_argument("--render", action="store_true", help="rewrite the report from the JSON")
+  a = p.parse_args()
+  path = RESULTS / "compiled_traffic.json"
+  if a.render:
+    res = json.loads(path.read_text())
+  else:
+    names = [n for n in a.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+      p.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    import importlib.metadata
+    started = commit()
+    target = get_target(TARGET)
+    rows = [r for n in names for r in run_model(n, target)]
+    res = dict(meta=dict(commit=started, jax=jax.__version__,
+                         libtpu=importlib.metadata.version("libtpu"),
+                         date=time.strftime("%Y-%m-%d %H:%M"), models=names,
+                         wall_s=time.perf_counter() - T0), rows=rows)
+    path.write_text(json.dumps(res, indent=1))
+  write_report("compiled_traffic", render(res), excerpt(res))
+
+
+if __name__ == "__main__":
+  main()
