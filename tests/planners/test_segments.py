@@ -332,3 +332,18 @@ def test_auto_keeps_pins_only_where_they_pay(resnet18):
   assert bare.pinned == () and bare.decisions == plan.decisions
   if plan.planner.endswith("/unpinned)"):
     assert plan.pinned == ()
+
+
+def test_the_unpinned_segment_search_estimates_every_prefix_without_pins(resnet18):
+  """`segments_within(pinned=False)` plans without Layrub's pins; `auto` compares it too."""
+  budget = int(0.7 * resnet18.peak_bytes)
+  found = segments_mod.segments_within(resnet18, budget, "h100-pcie", float("inf"),
+                                       pinned=False)
+  assert found is not None and found.pinned == ()
+  assert found.planner == "segments(unpinned)"
+  assert found.estimated_peak_bytes <= budget
+  pinned = segments_mod.segments(resnet18, budget, "h100-pcie")
+  assert pinned.pinned != ()
+  rows = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie").diagnostic(
+      AutoDiagnostics).rows
+  assert "segments(unpinned)" in [r[0] for r in rows]

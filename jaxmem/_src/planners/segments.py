@@ -305,8 +305,12 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
                     cap_s: float, *, copies: CopyMode = "sync", window: Window = None,
                     min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,
                     group: int | str | None = None,
-                    offload_checkpoints: bool = False) -> Plan | None:
+                    offload_checkpoints: bool = False, pinned: bool = True) -> Plan | None:
   """:func:`segments`, or ``None`` where its plan cannot cost less than ``cap_s`` seconds.
+
+  ``pinned=False`` searches the prefixes without Layrub's pins (every plan
+  of the search is estimated as it would compile without them); the plan
+  is named ``segments/unpinned``.
 
   Each segmentation's guess (the recomputation of its cheapest segments
   whose bytes cover the excess over the budget, priced per op of the
@@ -320,7 +324,7 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
   the ``cpu`` profile, where greedy offloading costs a seventh of the least
   recomputation, this skips the segment search (about 1 s) entirely.
   """
-  pins = common.pins(program)
+  pins = common.pins(program) if pinned else ()
   excess = program.profile.peak_bytes - budget_bytes
   # Segmentations of 1, 2, 4, ... cuts per segment, each with a guess of its
   # cost (the cheapest segments whose bytes cover the excess). Evaluated
@@ -392,7 +396,7 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
       if alone.estimated_peak_bytes < filled.estimated_peak_bytes:
         return alone.replace(planner="segments(greedy)")
     return filled.replace(planner="segments+greedy")
-  return plan
+  return plan if pinned else plan.replace(planner="segments(unpinned)")
 
 
 def _ranked(segs: list[Segment]) -> list[Segment]:
