@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -62,83 +61,26 @@ def eqn_bytes(eqn: _compat.JaxprEqn) -> float:
 _FUSED_IN_BODIES = (Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW)
 
 
-_FlatEqn = tuple[_compat.JaxprEqn, bool, tuple[int, ...], tuple[int, ...]]
+def _body_fused(j: _compat.Jaxpr) -> list[bool]:
+  """Per equation of a body, whether it is priced as fused into its readers.
 
-
-def _flat_body(j: _compat.Jaxpr, outs: set[int],
-               names: dict[int, int] | None = None) -> list[_FlatEqn]:
-  """``j``'s equations with calls (``jit``, ``custom_jvp``...) inlined.
-
-  Each as ``(eqn, is a result, operand ids, result ids)``, the ids naming a
-  call's parameters and results by the values the call reads and makes (so
-  a reader outside the call and a producer inside it name one value). A
-  result is a value of ``outs``, the ids of the enclosing body's results.
+  An elementwise or view result read only inside the body is fused; the
+  body's results are stored; a nested body (a ``jit`` call, a
+  ``custom_jvp``) is priced as a body of its own. This is more fusion than
+  the estimate's top-level model grants the same equations (it stores an
+  elementwise value that a reduction shares with other readers, and what a
+  convolution reads), and it is kept because the measurements favour it:
+  on an H200 (``bench/cost_calibration.py``), per-block policies over plain
+  ``jax.jit`` measured 1.25x/1.15x (GPT, ``nothing_saveable``/
+  ``dots_saveable``, busy time) and 1.13x/1.06x (ResNet-18, waited step
+  time), priced 1.22x/1.22x and 1.11x/1.07x by this rule. Bodies priced by
+  the top-level rules (views as aliases, calls inlined, what a convolution
+  reads stored) gave 1.04x/1.04x and 1.15x/1.11x; with the top-level
+  reduction rule as well, 1.35x/1.31x on the ResNet-18.
   """
-  names = {} if names is None else names
-
-  def name(v: Any) -> int:
-    return names.get(id(v), id(v))
-
-  flat: list[_FlatEqn] = []
-  for e in j.eqns:
-    subs = _compat.sub_jaxprs(e) if primitives.eqn_facts(e).body is Body.INLINE else []
-    if (len(subs) == 1 and len(subs[0].outvars) == len(e.outvars)
-        and len(subs[0].invars) == len(e.invars)):
-      inner = subs[0]
-      for iv, ov in zip(inner.invars, e.invars):
-        if not isinstance(ov, _compat.Literal):
-          names[id(iv)] = name(ov)
-      for iv, ov in zip(inner.outvars, e.outvars):
-        if not isinstance(iv, _compat.Literal):
-          names[id(iv)] = name(ov)
-      flat.extend(_flat_body(inner, outs, names))
-    else:
-      ins = tuple(name(x) for x in e.invars if not isinstance(x, _compat.Literal))
-      res = tuple(name(v) for v in e.outvars)
-      flat.append((e, any(r in outs for r in res), ins, res))
-  return flat
-
-
-def _body_fused(flat: list[_FlatEqn]) -> list[bool]:
-  """Per equation of a flattened body (:func:`_flat_body`), whether XLA fuses it into its readers.
-
-  XLA inlines a ``jax.checkpoint`` body and fuses a loop body like any other
-  computation, so a body's equations are priced as the estimate's model prices
-  them at top level (:mod:`jaxmem._src.estimate.xla_model`, "Fusion"), in
-  three of its rules: a view (a reshape, a transpose) is its operand's buffer
-  read through new indices, never a buffer of its own; a value a convolution
-  or another library call reads is stored (dots fuse their elementwise
-  operands on XLA:TPU and XLA:GPU, ``xla_model.operand_fusions``); the
-  body's results are stored. Every other elementwise value is fused.
-
-  Top level's rule that XLA duplicates no producer into a reduction sharing
-  it with other readers is left out on purpose: it describes the unplanned
-  step's stored residuals, and inside a remat body XLA fuses the recomputed
-  chain into the backward pass instead. Measured: a per-block
-  ``nothing_saveable`` ResNet-18 (bench/gpu_bench.py) compiled for a TPU v5e
-  accesses 0.89x the bytes of plain ``jax.jit`` (``cost_analysis()``), and
-  on an H200 its step took 1.13x ``jax.jit``'s, ``dots_saveable`` 1.06x;
-  priced with that rule inside bodies too the model said 1.35x and 1.31x,
-  priced as here 1.15x and 1.11x (and 1.11x and 1.07x before views, calls and
-  library operands were priced like this, when a GPT block's reshaped
-  gradients, nested ``jit`` calls and ReLU outputs feeding convolutions were
-  counted as stored results or as free).
-  """
-  kinds = [primitives.eqn_facts(e).fusion for e, *_ in flat]
-  # Stored: the body's results and what a convolution, a library or custom
-  # call, or a block reads; through views, which alias their operand.
-  stored: set[int] = set()
-  for (e, result, ins, res), kind in zip(flat, kinds):
-    if result:
-      stored.update(res)
-    if kind is Fusion.MATERIALIZED and e.primitive.name != "dot_general":
-      stored.update(ins)
-  for (e, _, ins, res), kind in zip(reversed(flat), reversed(kinds)):
-    if kind is Fusion.VIEW and not stored.isdisjoint(res):
-      stored.update(ins)
-  return [(kind is Fusion.VIEW and bool(ins))
-          or (kind in _FUSED_IN_BODIES and stored.isdisjoint(res))
-          for (e, _, ins, res), kind in zip(flat, kinds)]
+  outs = {id(v) for v in j.outvars}
+  return [primitives.eqn_facts(e).fusion in _FUSED_IN_BODIES
+          and not any(id(v) in outs for v in e.outvars) for e in j.eqns]
 
 
 def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
@@ -150,8 +92,7 @@ def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None
     return None
 
   def body_time(j: _compat.Jaxpr) -> float:
-    flat = _flat_body(j, {id(v) for v in j.outvars})
-    return sum(eqn_seconds(e, profile, fused=f) for (e, *_), f in zip(flat, _body_fused(flat)))
+    return sum(eqn_seconds(e, profile, fused=f) for e, f in zip(j.eqns, _body_fused(j)))
 
   per_body = [body_time(j) for j in subs]
   name = eqn.primitive.name
@@ -175,8 +116,7 @@ def eqn_accessed(eqn: _compat.JaxprEqn, *, fused: bool = False) -> float:
     return 0.0 if fused else eqn_bytes(eqn)
 
   def body_bytes(j: _compat.Jaxpr) -> float:
-    flat = _flat_body(j, {id(v) for v in j.outvars})
-    return sum(eqn_accessed(e, fused=f) for (e, *_), f in zip(flat, _body_fused(flat)))
+    return sum(eqn_accessed(e, fused=f) for e, f in zip(j.eqns, _body_fused(j)))
 
   per_body = [body_bytes(j) for j in subs]
   name = eqn.primitive.name
