@@ -24,7 +24,9 @@ simulated overhead on ``tpu-v5e``. Each ratio is to plain ``jax.jit``'s own
 is no step time here, only what it is made of.
 
 Run: ``python bench/compiled_traffic.py [--models resnet18,gpt,mlp]``
-(each compile takes 10 s to 2 min on 2 cores); writes
+(each compile takes 10 s to 3 min on 2 cores; ``--estimates-only`` estimates
+again beside the compiled figures already recorded and compiles only the
+``auto`` plans that changed since); writes
 bench/results/compiled_traffic.{json,md}.
 """
 
@@ -91,7 +93,10 @@ def estimated(plan: jaxmem.Plan) -> dict[str, float]:
               sim_s=sim.step_time_s)
 
 
-def compiled(fn: Any, args: Any, target: Any) -> dict[str, float]:
+def compiled(fn: Any, args: Any, target: Any, earlier: dict | None = None) -> dict[str, float]:
+  """The compiled figures of ``fn`` (``earlier``'s instead, when given: ``--estimates-only``)."""
+  if earlier is not None:
+    return {k: earlier[k] for k in ("peak", "flops", "accessed", "compile_s")}
   t = time.perf_counter()
   c = fn.lower(*target.place(args)).compile()
   mem = jaxmem.compiled_memory(c)
@@ -104,8 +109,14 @@ def analyse(step: Any, args: Any) -> jaxmem.Program:
   return jaxmem.Program.of(analyze_program(trace(step, shapes, backend="tpu")))
 
 
-def run_model(name: str, target: Any) -> list[dict[str, Any]]:
+def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
+              ) -> list[dict[str, Any]]:
+  """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling."""
   label, mod_name, kw = MODELS[name]
+
+  def before(method: str) -> dict | None:
+    return None if earlier is None else earlier[method]
+
   module = importlib.import_module(mod_name)
   rows = []
   step, args = module.build(**kw)
@@ -113,7 +124,7 @@ def run_model(name: str, target: Any) -> list[dict[str, Any]]:
   none = common.finish(plain, (), plain.peak_bytes, "none", ())
   log(f"[{name}] jit ...")
   rows.append(dict(model=name, label=label, method="jit", **estimated(none),
-                   **compiled(jax.jit(step), args, target)))
+                   **compiled(jax.jit(step), args, target, before("jit"))))
   for pol in POLICIES:
     log(f"[{name}] policy:{pol} ...")
     pstep, pargs = module.build(**kw, remat_policy=pol)
@@ -121,15 +132,20 @@ def run_model(name: str, target: Any) -> list[dict[str, Any]]:
     est = estimated(common.finish(prog, (), prog.peak_bytes, "none", ()))
     est["overhead"] = est["sim_s"] / rows[0]["sim_s"] - 1
     rows.append(dict(model=name, label=label, method=f"policy:{pol}", **est,
-                     **compiled(jax.jit(pstep), pargs, target)))
+                     **compiled(jax.jit(pstep), pargs, target, before(f"policy:{pol}"))))
   for frac in FRACTIONS:
     log(f"[{name}] auto({frac}) ...")
     t = time.perf_counter()
     plan = jaxmem.get_planner("auto")(plain, int(frac * plain.peak_bytes), PROFILE)
     plan_s = time.perf_counter() - t
+    old = before(f"auto({frac})")
+    if old is not None and (old["planner"], old["decisions"]) != (plan.planner, len(plan.decisions)):
+      log(f"[{name}] auto({frac}) now plans {plan.planner} ({len(plan.decisions)} decisions), "
+          f"not the compiled {old['planner']} ({old['decisions']}): compiling it")
+      old = None
     rows.append(dict(model=name, label=label, method=f"auto({frac})", planner=plan.planner,
                      plan_s=plan_s, decisions=len(plan.decisions), **estimated(plan),
-                     **compiled(jit_plan(plan, backend="xla"), args, target)))
+                     **compiled(jit_plan(plan, backend="xla"), args, target, old)))
   base = rows[0]
   for r in rows:
     for key, ref in (("est_peak", "est_peak"), ("est_flops", "est_flops"),
@@ -151,7 +167,11 @@ def _pct(x: float | None) -> str:
 def render(res: dict[str, Any]) -> list[str]:
   m = res["meta"]
   rows = res["rows"]
-  lines = [f"`python bench/compiled_traffic.py --models {','.join(m['models'])}` at {m['commit']} "
+  at = m["commit"]
+  if m.get("compiled_at", at) != at:
+    at += (f" (compiled figures from {m['compiled_at']}, the `auto` rows whose plan changed "
+           "compiled again)")
+  lines = [f"`python bench/compiled_traffic.py --models {','.join(m['models'])}` at {at} "
            f"(jax {m['jax']}, libtpu {m['libtpu']}, {m['date']}): XLA:TPU's compiled program for "
            "a TPU v5e chip, compiled ahead of time on a CPU-only machine (nothing ran on a TPU), "
            "beside jaxmem's estimate of the same step. Every ratio is to plain `jax.jit` of the "
@@ -188,6 +208,9 @@ def main() -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default=",".join(MODELS))
   p.add_argument("--render", action="store_true", help="rewrite the report from the JSON")
+  p.add_argument("--estimates-only", action="store_true",
+                 help="estimate again beside the compiled figures of the JSON; compile only "
+                      "the `auto` rows whose plan changed")
   a = p.parse_args()
   path = RESULTS / "compiled_traffic.json"
   if a.render:
@@ -200,8 +223,16 @@ def main() -> None:
     import importlib.metadata
     started = commit()
     target = get_target(TARGET)
-    rows = [r for n in names for r in run_model(n, target)]
-    res = dict(meta=dict(commit=started, jax=jax.__version__,
+    earlier: dict[str, dict[str, dict]] = {}
+    compiled_at = started
+    if a.estimates_only:
+      old = json.loads(path.read_text())
+      compiled_at = old["meta"].get("compiled_at", old["meta"]["commit"])
+      for r in old["rows"]:
+        earlier.setdefault(r["model"], {})[r["method"]] = r
+    rows = [r for n in names for r in run_model(n, target, earlier.get(n) if a.estimates_only
+                                                 else None)]
+    res = dict(meta=dict(commit=started, compiled_at=compiled_at, jax=jax.__version__,
                          libtpu=importlib.metadata.version("libtpu"),
                          date=time.strftime("%Y-%m-%d %H:%M"), models=names,
                          wall_s=time.perf_counter() - T0), rows=rows)
