@@ -53,7 +53,6 @@ from jaxmem._src.estimate.analysis import analyze_program  # noqa: E402
 from jaxmem._src.estimate.targets import get_target  # noqa: E402
 from jaxmem._src.ir.trace import trace  # noqa: E402
 from jaxmem._src.lower.backend import jit_plan  # noqa: E402
-from jaxmem._src.plan.schedule import StepKind  # noqa: E402
 from jaxmem._src.planners import common  # noqa: E402
 
 TARGET, PROFILE = "tpu:v5e", "tpu-v5e"
@@ -79,15 +78,10 @@ def log(msg: str) -> None:
 def estimated(plan: jaxmem.Plan) -> dict[str, float]:
   """The estimate of ``plan``: peak, FLOPs of the ops its schedule runs, priced bytes, overhead."""
   sim = jaxmem.simulate(plan, PROFILE)
-  sched = sim.schedule
-  read = {x for st in sched.steps for x in st.inputs if isinstance(x, int)}
-  read.update(x for x in sched.outputs if isinstance(x, int))
-  prog = plan.program
-  flops = 0.0
-  for st in sched.steps:
-    if st.kind is StepKind.COMPUTE and (not st.outputs or prog.ops[st.op].eqn.effects
-                                        or any(o in read for o in st.outputs)):
-      flops += float(prog.costs.flops[st.op])
+  # The compute steps the simulator ran (it skips those whose results nobody reads).
+  ran = {e.step for e in sim.timeline if e.kind in ("compute", "recompute")}
+  costs = plan.program.costs
+  flops = float(sum(costs.flops[sim.schedule.steps[i].op] for i in ran))
   return dict(est_peak=plan.estimated_peak_bytes, est_flops=flops,
               est_accessed=sim.accessed_bytes, overhead=sim.overhead,
               sim_s=sim.step_time_s)
@@ -148,11 +142,9 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
                      **compiled(jit_plan(plan, backend="xla"), args, target, old)))
   base = rows[0]
   for r in rows:
-    for key, ref in (("est_peak", "est_peak"), ("est_flops", "est_flops"),
-                     ("est_accessed", "est_accessed"), ("peak", "peak"), ("flops", "flops"),
-                     ("accessed", "accessed")):
-      if r.get(key) is not None and base.get(ref):
-        r[f"{key}_ratio"] = r[key] / base[ref]
+    for key in ("est_peak", "est_flops", "est_accessed", "peak", "flops", "accessed"):
+      if r.get(key) is not None and base.get(key):
+        r[f"{key}_ratio"] = r[key] / base[key]
     log(f"[{name}] {r['method']}: est peak {r['est_peak_ratio']:.2f} compiled "
         f"{r['peak_ratio']:.2f}; est bytes {r['est_accessed_ratio']:.3f} compiled "
         f"{r.get('accessed_ratio', float('nan')):.3f}; est FLOPs {r['est_flops_ratio']:.3f} "
@@ -199,10 +191,6 @@ def render(res: dict[str, Any]) -> list[str]:
   return lines
 
 
-def excerpt(res: dict[str, Any]) -> str:
-  return "\n".join(render(res))
-
-
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,7 +225,8 @@ def main() -> None:
                          date=time.strftime("%Y-%m-%d %H:%M"), models=names,
                          wall_s=time.perf_counter() - T0), rows=rows)
     path.write_text(json.dumps(res, indent=1))
-  write_report("compiled_traffic", render(res), excerpt(res))
+  lines = render(res)
+  write_report("compiled_traffic", lines, "\n".join(lines))
 
 
 if __name__ == "__main__":

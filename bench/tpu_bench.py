@@ -507,7 +507,8 @@ def main() -> None:
   meta = dict(jax=jax.__version__, libtpu=importlib.metadata.version("libtpu"),
               jaxmem=getattr(jaxmem, "__version__", "?"), target=TARGET,
               device_kind=target.devices[0].device_kind, date=time.strftime("%Y-%m-%d %H:%M"),
-              quick=a.quick, models=names, budgets=list(budgets), wall_s=time.perf_counter() - T0, commit=started_at,
+              quick=a.quick, models=names, budgets=list(budgets), wall_s=time.perf_counter() - T0,
+              commit=started_at,
               note="XLA:TPU compiled program for TPU v5e, compiled ahead of time on a CPU-only "
                    "machine; no step was run on a TPU")
   out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ thus derated alike, so neither is favoured by the model's optimism.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -83,23 +83,27 @@ def _body_fused(j: _compat.Jaxpr) -> list[bool]:
           and not any(id(v) in outs for v in e.outvars) for e in j.eqns]
 
 
-def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
-  """Time of an op with a body (scan, remat, cond...): its equations' times, ``None`` otherwise."""
+def _over_body(eqn: _compat.JaxprEqn,
+               price: Callable[[_compat.JaxprEqn, bool], float]) -> float | None:
+  """``price(e, fused)`` summed over the equations of ``eqn``'s body, fused as
+  :func:`_body_fused` says (a loop body times its trip count, the slowest
+  ``cond`` branch); ``None`` for an op without a body."""
   if primitives.eqn_facts(eqn).body is Body.COMBINER:
     return None
   subs = _compat.sub_jaxprs(eqn)
   if not subs:
     return None
-
-  def body_time(j: _compat.Jaxpr) -> float:
-    return sum(eqn_seconds(e, profile, fused=f) for e, f in zip(j.eqns, _body_fused(j)))
-
-  per_body = [body_time(j) for j in subs]
+  per_body = [sum(price(e, f) for e, f in zip(j.eqns, _body_fused(j))) for j in subs]
   name = eqn.primitive.name
   if name == "cond":
     return max(per_body)            # one branch runs; price the slowest
   trips = eqn.params.get("length", 1) if name == "scan" else 1
   return float(sum(per_body)) * trips
+
+
+def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
+  """Time of an op with a body (scan, remat, cond...): its equations' times, ``None`` otherwise."""
+  return _over_body(eqn, lambda e, f: eqn_seconds(e, profile, fused=f))
 
 
 def eqn_accessed(eqn: _compat.JaxprEqn, *, fused: bool = False) -> float:
@@ -110,20 +114,10 @@ def eqn_accessed(eqn: _compat.JaxprEqn, *, fused: bool = False) -> float:
   moves what its unfused equations move (:func:`_body_fused`), a loop body
   times its trip count.
   """
-  facts = primitives.eqn_facts(eqn)
-  subs = _compat.sub_jaxprs(eqn) if facts.body is not Body.COMBINER else []
-  if not subs:
-    return 0.0 if fused else eqn_bytes(eqn)
-
-  def body_bytes(j: _compat.Jaxpr) -> float:
-    return sum(eqn_accessed(e, fused=f) for e, f in zip(j.eqns, _body_fused(j)))
-
-  per_body = [body_bytes(j) for j in subs]
-  name = eqn.primitive.name
-  if name == "cond":
-    return max(per_body)
-  trips = eqn.params.get("length", 1) if name == "scan" else 1
-  return float(sum(per_body)) * trips
+  body = _over_body(eqn, lambda e, f: eqn_accessed(e, fused=f))
+  if body is not None:
+    return body
+  return 0.0 if fused else eqn_bytes(eqn)
 
 
 def _compute_rate(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float:
