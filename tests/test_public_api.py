@@ -44,7 +44,7 @@ def test_public_objects_come_from_the_layers():
 def test_the_planner_registry_and_the_protocol():
   assert {"greedy", "segments", "vdnn", "vdnn-all", "vdnn-conv", "layrub", "autoswap", "window",
           "optimal", "dqn", "auto", "best", "greedy-remat", "segments-remat", "segments-modules",
-          "segments-offload", "segments-modules-offload"} == set(jaxmem.PLANNERS)
+          "segments-offload", "segments-modules-offload", "selective"} == set(jaxmem.PLANNERS)
   for name, planner in jaxmem.PLANNERS.items():
     params = inspect.signature(planner).parameters
     assert {"copies", "window"} <= set(params), name        # the Planner protocol's options

@@ -322,7 +322,10 @@ def test_checkpoint_offloads_are_only_added_when_remat_does_not_fit(chain):
 def test_auto_keeps_pins_only_where_they_pay(resnet18):
   """The winner's decisions are also tried without Layrub's pins, and the faster fitting one kept."""
   budget = int(0.5 * resnet18.peak_bytes)
-  plan = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie")
+  # Without `selective`, which plans without pins from the start (it wins
+  # here), so that the winner is a pinned plan.
+  pinned_planners = tuple(p for p in auto_mod.FAST if p != "selective")
+  plan = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie", planners=pinned_planners)
   rows = plan.diagnostic(AutoDiagnostics).rows
   unpinned_rows = [r for r in rows if r[0].endswith("/unpinned")]
   assert len(unpinned_rows) == 1

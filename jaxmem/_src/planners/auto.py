@@ -1,6 +1,7 @@
 """``auto``: the best of the fast planners, and the MILP when it solves in time.
 
-Every fast planner (greedy, segments, vDNN, Layrub, AutoSwap, the window scheduler)
+Every fast planner (greedy, segments, selective recomputation, vDNN, Layrub,
+AutoSwap, the window scheduler)
 plans for the budget; the plans whose estimated peak fits are simulated on
 the device (:func:`jaxmem.simulate`) and the fastest step wins. The MILP
 (:mod:`~jaxmem._src.planners.optimal`) joins when it finishes within
@@ -27,14 +28,15 @@ from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import MILPDiagnostics, optimal
 from jaxmem._src.planners.segments import segments, segments_within
+from jaxmem._src.planners.selective import selective
 from jaxmem._src.planners.vdnn import vdnn
 from jaxmem._src.planners.window import window_planner
 
 #: The fast planners ``auto`` compares, by name, in the order they run:
 #: greedy first, the quickest, whose plan bounds the segment search.
 CANDIDATES: Mapping[str, Callable[..., Plan]] = MappingProxyType({
-    "greedy": greedy, "segments": segments, "vdnn": vdnn, "layrub": layrub,
-    "autoswap": autoswap, "window": window_planner})
+    "greedy": greedy, "segments": segments, "selective": selective, "vdnn": vdnn,
+    "layrub": layrub, "autoswap": autoswap, "window": window_planner})
 FAST = tuple(CANDIDATES)
 # Planners that only offload: each byte they free crosses the host link twice.
 OFFLOAD_ONLY = frozenset({"vdnn", "layrub", "autoswap", "window"})
@@ -104,7 +106,9 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   when none does. The MILP joins on programs of
   at most ``MILP_MAX_OPS`` ops when it proves optimality within ``milp_time_s``.
   The segment search also runs with every prefix estimated without pins
-  (``segments(unpinned)``). Last, the winner's decisions are estimated and simulated without Layrub's
+  (``segments(unpinned)``). Selective recomputation
+  (:func:`~jaxmem._src.planners.selective.selective`) searches its segment
+  plans under the same cap. Last, the winner's decisions are estimated and simulated without Layrub's
   pins (:func:`unpinned`; the lowest plan's when none fits), and kept so when
   that is faster or fits where the pinned plan does not: pins are kept only
   where they pay.
@@ -177,6 +181,10 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
         skipped.append((name, f"its least recomputation >= 2x best +{best[0] / base - 1.0:.0%}"))
         continue
       plan = found
+    elif name == "selective" and best is not None and best[0] < float("inf") and base > 0:
+      # Its segment plans are searched under the same cap as `segments`.
+      plan = selective(program, budget_bytes, device, copies=copies, window=window,
+                       cap_s=2.0 * (best[0] - base))
     else:
       plan = CANDIDATES[name](program, budget_bytes, device, copies=copies, window=window)
     consider(plan)

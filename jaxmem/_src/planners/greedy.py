@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Literal
 
 from jaxmem._src import _compat
 from jaxmem._src.base.gc_pause import without_gc
@@ -37,6 +38,10 @@ from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import CopyMode, Window, build_schedule
 from jaxmem._src.planners.chains import ChainState, find_chain
 from jaxmem._src.planners.common import Pricer, candidate_vars, pins
+
+#: ``rank=`` values of :func:`greedy`.
+RANKS = ("area", "cost")
+Rank = Literal["area", "cost"]
 
 def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: int,
             pricer: Pricer, max_chain: int,
@@ -63,7 +68,8 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
            copies: CopyMode = "sync", window: Window = None,
            min_bytes: int | None = None, max_chain: int = 8,
            allow_remat: bool = True, allow_offload: bool = True,
-           initial: Iterable[Decision] = ()) -> Plan:
+           initial: Iterable[Decision] = (), rank: Rank = "area",
+           pinned: bool = True) -> Plan:
   """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
 
   Args:
@@ -80,6 +86,19 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
       push the estimate over it (Hayakawa et al. §3).
     window: the asynchronous copies' window (see :class:`jaxmem.Plan`).
     initial: decisions to start from (another planner's), kept as they are.
+    rank: how the values spanning the peak are ordered. ``"area"`` (AutoSwap's
+      area of absence, bytes x gap) frees the largest, longest-idle values
+      first, whatever they cost; ``"cost"`` frees first the values whose
+      remat or offload costs the least time per byte freed: selective
+      recomputation (Korthikanti et al., *Reducing Activation Recomputation
+      in Large Transformer Models*, §4.2), which recomputes a transformer's
+      attention scores, softmax and dropout masks (large, cheap to rebuild
+      from the kept queries and keys) and keeps the matmul outputs (small
+      for their FLOPs). Where the paper picks those values by hand for one
+      architecture, this ranks every value by the simulator's price of its
+      recomputation chain, so it applies to any model.
+    pinned: start from Layrub's pins (:func:`~jaxmem._src.planners.common.pins`);
+      ``False`` plans and estimates without them.
 
   Returns:
     A :class:`jaxmem.Plan`. Its ``estimated_peak_bytes`` may stay above the
@@ -93,15 +112,17 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   # unrolled LSTM (64 steps): 8 greedy searches of about 2.4 s in one `fit`.
   try:
     key: tuple[object, ...] | None = (int(budget_bytes), dev, copies, window, min_bytes,
-                                      max_chain, allow_remat, allow_offload, initial)
+                                      max_chain, allow_remat, allow_offload, initial, rank, pinned)
     hash(key)
   except TypeError:        # an unhashable `window`: `build_schedule` names it below
     key = None
   found = program.__dict__.setdefault("_greedy_plans", {}).get(key) if key else None
   if found is not None:
     return found
+  if rank not in RANKS:
+    raise ValueError(f"`greedy`: `rank={rank!r}` is not one of {RANKS}.")
   plan = _greedy(program, budget_bytes, dev, copies, window, min_bytes, max_chain, allow_remat,
-                 allow_offload, initial)
+                 allow_offload, initial, rank, pinned)
   if key is not None:
     program.__dict__["_greedy_plans"][key] = plan
   return plan
@@ -109,7 +130,8 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
 
 def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, copies: CopyMode,
             window: Window, min_bytes: int | None, max_chain: int, allow_remat: bool,
-            allow_offload: bool, initial: tuple[Decision, ...]) -> Plan:
+            allow_offload: bool, initial: tuple[Decision, ...], rank: Rank,
+            pinned: bool) -> Plan:
   """:func:`greedy`, not cached."""
   unplanned = program.profile.peak_bytes
   if min_bytes is None:
@@ -121,9 +143,9 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
 
   candidates = candidate_vars(program, min_bytes)
   rejected: set[tuple[int, int, int]] = set()
-  pinned = pins(program)
+  pinned_vars = pins(program) if pinned else ()
   sched_opts = dict(copies=copies, window=window, budget=int(budget_bytes))
-  schedule = build_schedule(program, tuple(state.decisions), pinned, **sched_opts)
+  schedule = build_schedule(program, tuple(state.decisions), pinned_vars, **sched_opts)
   prof = schedule.profile()
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)
@@ -141,6 +163,16 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
       spanning.append((float(program.vars[vid].nbytes) * (b - a), vid, a, b))
     if not spanning:
       break
+    if rank == "cost":
+      # Seconds per byte freed (ascending): the cheapest bytes first.
+      priced = []
+      for _, vid, a, b in spanning:
+        d = _decide(state, program, vid, a, b, pricer, max_chain, allow_remat, allow_offload)
+        if d is None:
+          rejected.add((vid, a, b))
+        else:
+          priced.append((-d.cost_s / max(d.nbytes, 1), vid, a, b))
+      spanning = priced
     # Take the best gaps at this peak until they cover the excess, then re-price
     # once: the schedule is rebuilt per batch, not per decision.
     spanning.sort(reverse=True)
@@ -161,7 +193,7 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
       freed += d.nbytes
     if not freed:
       continue
-    schedule = build_schedule(program, state.decisions, pinned, **sched_opts)
+    schedule = build_schedule(program, state.decisions, pinned_vars, **sched_opts)
     prof = schedule.profile()
   return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
-              "greedy", pinned, copies, window)
+              "greedy", pinned_vars, copies, window)

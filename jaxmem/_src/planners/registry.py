@@ -12,6 +12,9 @@
 * ``optimal`` -- remat + offload as a MILP (scipy/HiGHS);
 * ``segments`` -- recompute whole forward segments from checkpoints (Chen et
   al. 2016);
+* ``selective`` -- selective recomputation (Korthikanti et al. §4.2): the
+  values cheapest to rebuild per byte first, alone and on top of recomputed
+  segments;
 * ``greedy-remat``, ``segments-remat`` -- the same with recomputation only (no
   host copies): what ``jaxmem.fit`` plans for TPU targets, whose compiler
   schedules host copies by its own memory model (see ``jaxmem.fit``);
@@ -42,6 +45,7 @@ from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import optimal
 from jaxmem._src.planners.protocol import PlainPlanner, Planner, WithCopies
 from jaxmem._src.planners.segments import segments
+from jaxmem._src.planners.selective import selective
 from jaxmem._src.planners.vdnn import vdnn
 from jaxmem._src.planners.window import window_planner
 
@@ -56,6 +60,7 @@ PLANNERS: Mapping[str, Planner] = MappingProxyType({
     "dqn": dqn,
     "optimal": optimal,
     "segments": segments,
+    "selective": selective,
     "greedy-remat": functools.partial(greedy, allow_offload=False),
     "segments-remat": functools.partial(segments, fill=False),
     "segments-modules": functools.partial(segments, fill=False, group="modules"),

@@ -305,12 +305,14 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
                     cap_s: float, *, copies: CopyMode = "sync", window: Window = None,
                     min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,
                     group: int | str | None = None,
-                    offload_checkpoints: bool = False, pinned: bool = True) -> Plan | None:
+                    offload_checkpoints: bool = False, pinned: bool = True,
+                    cut: list[list[Segment]] | None = None) -> Plan | None:
   """:func:`segments`, or ``None`` where its plan cannot cost less than ``cap_s`` seconds.
 
   ``pinned=False`` searches the prefixes without Layrub's pins (every plan
   of the search is estimated as it would compile without them); the plan
-  is named ``segments/unpinned``.
+  is named ``segments/unpinned``. ``cut``: the :func:`segmentations` to
+  search, when the caller has cut them already.
 
   Each segmentation's guess (the recomputation of its cheapest segments
   whose bytes cover the excess over the budget, priced per op of the
@@ -331,39 +333,10 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
   # cheapest guess first; one whose guess already costs more than a fitting
   # plan is skipped (the guess underestimates: a prefix never needs fewer
   # bytes), and the search stops after ``max_tries`` fitting sizes.
-  options: list[tuple[float, list[Segment]]] = []
-  seen: set[tuple[int, ...]] = set()
-  if group is not None and group != "modules" and (
-      isinstance(group, bool) or not isinstance(group, int) or group < 1):
-    raise ValueError(f"`group` must be a positive int (cuts per segment), 'modules' or None, "
-                     f"got {group!r}.")
-
-  def consider(segs: list[Segment]) -> None:
-    bounds = tuple(sorted(x.hi for x in segs))
-    if segs and bounds not in seen:   # a grouping that changes nothing is skipped
-      seen.add(bounds)
-      k = _cover(segs, excess)
-      options.append((sum(x.cost_s for x in segs[:k]), segs))
-
-  # What every segmentation is cut from, computed once.
-  pricer = common.Pricer(program, device)
-  residual = _residuals(program)
-  cuts = forward_cuts(program)
-  if group is None or isinstance(group, int):
-    size = 1 if group is None else group
-    while True:
-      segs = _ranked(_find_segments(program, pricer, residual, cuts, min_bytes, size))
-      consider(segs)
-      if group is not None or len(segs) <= 2:
-        break
-      size *= 2
-  if group is None or group == "modules":
-    depths = max((op.module.count("/") + 1 for op in program.ops if op.module), default=0)
-    for depth in range(1, depths + 1):
-      consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes, depth=depth)))
-  if not options:
-    consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes)))
-    options = options or [(0.0, [])]
+  options = [(cover_cost(segs, excess), segs)
+             for segs in (segmentations(program, device, min_bytes=min_bytes, group=group)
+                          if cut is None else cut)]
+  options = options or [(0.0, [])]
   options.sort(key=lambda o: o[0])
   best: tuple[float, int, Plan, list[Segment]] | None = None
   fitting = 0
@@ -397,6 +370,54 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
         return alone.replace(planner="segments(greedy)")
     return filled.replace(planner="segments+greedy")
   return plan if pinned else plan.replace(planner="segments(unpinned)")
+
+
+def segmentations(program: AnalyzedProgram, device: DeviceLike, *, min_bytes: int | None = None,
+                  group: int | str | None = None) -> list[list[Segment]]:
+  """The distinct segmentations :func:`segments_within` searches, each ranked by :func:`_ranked`.
+
+  ``group`` as in :func:`segments`: ``None`` gives segments of 1, 2, 4, ...
+  cuts and the module-aligned ones at every module depth. They do not depend
+  on the budget, so callers that plan several budgets
+  (:func:`~jaxmem._src.planners.selective.selective`) cut them once.
+  """
+  if group is not None and group != "modules" and (
+      isinstance(group, bool) or not isinstance(group, int) or group < 1):
+    raise ValueError(f"`group` must be a positive int (cuts per segment), 'modules' or None, "
+                     f"got {group!r}.")
+  out: list[list[Segment]] = []
+  seen: set[tuple[int, ...]] = set()
+
+  def consider(segs: list[Segment]) -> None:
+    bounds = tuple(sorted(x.hi for x in segs))
+    if segs and bounds not in seen:   # a grouping that changes nothing is skipped
+      seen.add(bounds)
+      out.append(segs)
+
+  # What every segmentation is cut from, computed once.
+  pricer = common.Pricer(program, device)
+  residual = _residuals(program)
+  cuts = forward_cuts(program)
+  if group is None or isinstance(group, int):
+    size = 1 if group is None else group
+    while True:
+      segs = _ranked(_find_segments(program, pricer, residual, cuts, min_bytes, size))
+      consider(segs)
+      if group is not None or len(segs) <= 2:
+        break
+      size *= 2
+  if group is None or group == "modules":
+    depths = max((op.module.count("/") + 1 for op in program.ops if op.module), default=0)
+    for depth in range(1, depths + 1):
+      consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes, depth=depth)))
+  if not out:
+    consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes)))
+  return out
+
+
+def cover_cost(segs: list[Segment], excess: int) -> float:
+  """Recomputation time of the shortest prefix of ranked ``segs`` whose bytes reach ``excess``."""
+  return sum(x.cost_s for x in segs[:_cover(segs, excess)])
 
 
 def _ranked(segs: list[Segment]) -> list[Segment]:
