@@ -14,6 +14,9 @@ its peak. Per model, one row each for
 * ``auto``'s plans at 0.85, 0.7 and 0.5 of the estimated peak, planned on
   the ``tpu-v5e`` profile and lowered through the ``xla`` backend (what
   ``fit`` compiles on a TPU);
+* selective recomputation's plans (``planners/selective.py``) at 0.75, 0.7
+  and 0.5 of the estimated peak priced on the ``flops`` profile (memory
+  traffic free: the extra FLOPs are the cost), lowered the same way;
 
 with the estimate beside the compiled figure: the estimated peak and the
 compiled one (argument + output + temp - alias), the estimated FLOPs of the
@@ -54,10 +57,13 @@ from jaxmem._src.estimate.targets import get_target  # noqa: E402
 from jaxmem._src.ir.trace import trace  # noqa: E402
 from jaxmem._src.lower.backend import jit_plan  # noqa: E402
 from jaxmem._src.planners import common  # noqa: E402
+from jaxmem._src.planners.selective import selective  # noqa: E402
 
 TARGET, PROFILE = "tpu:v5e", "tpu-v5e"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 FRACTIONS = (0.85, 0.7, 0.5)
+# Selective recomputation priced by FLOPs alone, at these fractions of the estimated peak.
+FLOPS_FRACTIONS = (0.75, 0.7, 0.5)
 # (label, example module, build kwargs): the GPT is the issue's 4-layer step
 # (batch 64 x 256 tokens, width 128); the ResNet-18 and the MLP are
 # bench/gpu_bench.py's, measured on an H200 there.
@@ -109,7 +115,18 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
   label, mod_name, kw = MODELS[name]
 
   def before(method: str) -> dict | None:
-    return None if earlier is None else earlier[method]
+    return None if earlier is None else earlier.get(method)
+
+  def planned(method: str, plan: jaxmem.Plan, plan_s: float) -> dict[str, Any]:
+    old = before(method)
+    now = (plan.planner, len(plan.decisions))
+    if old is not None and (old["planner"], old["decisions"]) != now:
+      log(f"[{name}] {method} now plans {plan.planner} ({len(plan.decisions)} decisions), "
+          f"not the compiled {old['planner']} ({old['decisions']}): compiling it")
+      old = None
+    return dict(model=name, label=label, method=method, planner=plan.planner, plan_s=plan_s,
+                decisions=len(plan.decisions), **estimated(plan),
+                **compiled(jit_plan(plan, backend="xla"), args, target, old))
 
   module = importlib.import_module(mod_name)
   rows = []
@@ -131,15 +148,12 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
     log(f"[{name}] auto({frac}) ...")
     t = time.perf_counter()
     plan = jaxmem.get_planner("auto")(plain, int(frac * plain.peak_bytes), PROFILE)
-    plan_s = time.perf_counter() - t
-    old = before(f"auto({frac})")
-    if old is not None and (old["planner"], old["decisions"]) != (plan.planner, len(plan.decisions)):
-      log(f"[{name}] auto({frac}) now plans {plan.planner} ({len(plan.decisions)} decisions), "
-          f"not the compiled {old['planner']} ({old['decisions']}): compiling it")
-      old = None
-    rows.append(dict(model=name, label=label, method=f"auto({frac})", planner=plan.planner,
-                     plan_s=plan_s, decisions=len(plan.decisions), **estimated(plan),
-                     **compiled(jit_plan(plan, backend="xla"), args, target, old)))
+    rows.append(planned(f"auto({frac})", plan, time.perf_counter() - t))
+  for frac in FLOPS_FRACTIONS:
+    log(f"[{name}] selective/flops({frac}) ...")
+    t = time.perf_counter()
+    plan = selective(plain, int(frac * plain.peak_bytes), "flops")
+    rows.append(planned(f"selective/flops({frac})", plan, time.perf_counter() - t))
   base = rows[0]
   for r in rows:
     for key in ("est_peak", "est_flops", "est_accessed", "peak", "flops", "accessed"):

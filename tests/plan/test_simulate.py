@@ -78,3 +78,19 @@ def test_accessed_bytes_count_what_is_stored_and_what_recomputation_adds(program
                           "h100-pcie")
   assert remat.recompute_s > 0
   assert remat.accessed_bytes > unplanned.accessed_bytes
+
+
+def test_the_flops_profile_prices_a_plan_by_its_extra_flops(program):
+  """On ``flops`` a remat plan's overhead is the FLOPs its recomputation adds."""
+  plan = greedy(program, int(program.peak_bytes * 0.7), "flops", allow_offload=False)
+  assert plan.num_remat > 0
+  sim = jaxmem.simulate(plan, "flops")
+  flops = program.costs.flops
+  ran = sum(flops[sim.schedule.steps[e.step].op] for e in sim.timeline
+            if e.kind in ("compute", "recompute"))
+  recomputed = sum(flops[sim.schedule.steps[e.step].op] for e in sim.timeline
+                   if e.kind == "recompute")
+  assert recomputed > 0
+  assert sim.unplanned_time_s == pytest.approx(flops.sum() / 1e12, rel=1e-9)
+  assert sim.step_time_s == pytest.approx(ran / 1e12, rel=1e-9)
+  assert sim.recompute_s == pytest.approx(recomputed / 1e12, rel=1e-9)

@@ -1,4 +1,4 @@
-"""Selective recomputation (Korthikanti et al. §4.2): cheapest bytes first, plans fit and compute the same."""
+"""Selective recomputation (Korthikanti et al. §4.2): cheapest bytes first; plans fit, results hold."""
 
 from __future__ import annotations
 

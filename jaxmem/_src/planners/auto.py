@@ -108,7 +108,8 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   The segment search also runs with every prefix estimated without pins
   (``segments(unpinned)``). Selective recomputation
   (:func:`~jaxmem._src.planners.selective.selective`) searches its segment
-  plans under the same cap. Last, the winner's decisions are estimated and simulated without Layrub's
+  plans under the same cap. Last, the winner's decisions are estimated and
+  simulated without Layrub's
   pins (:func:`unpinned`; the lowest plan's when none fits), and kept so when
   that is faster or fits where the pinned plan does not: pins are kept only
   where they pay.
