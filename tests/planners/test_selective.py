@@ -61,6 +61,12 @@ def test_a_bad_rank_or_share_names_the_argument(small_gpt):
     selective(prog, prog.peak_bytes, "h100-pcie", shares=())
 
 
+def test_capped_segment_plans_leave_selection_alone(small_gpt):
+  _, _, prog = small_gpt
+  plan = selective(prog, int(0.8 * prog.peak_bytes), "h100-pcie", shares=(0.5,), cap_s=0.0)
+  assert plan.planner == "selective" and not plan.pinned
+
+
 @pytest.mark.parametrize("frac", [0.8, 0.6])
 def test_selective_beats_whole_segments_on_a_transformer(small_gpt, frac):
   """On a GPT, the values cheapest per byte (attention scores, softmax) go first

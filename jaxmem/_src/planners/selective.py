@@ -110,7 +110,8 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
            plan.estimated_peak_bytes)
     if best is None or key < best[0]:
       best = (key, plan)
-  assert best is not None
+  if best is None:      # every segment plan was capped: selection alone
+    return greedy(program, budget_bytes, dev, **opts).replace(planner="selective")
   return best[1]
 
 
