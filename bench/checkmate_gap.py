@@ -85,6 +85,7 @@ def planners(prog, budget):
   get = jaxmem.get_planner
   yield "greedy", get("greedy")(prog, budget, DEVICE, allow_offload=False)
   yield "segments", get("segments")(prog, budget, DEVICE)
+  yield "selective", get("selective")(prog, budget, DEVICE)
   yield "optimal", get("optimal")(prog, budget, DEVICE, allow_offload=False)
   yield "auto", get("auto")(prog, budget, DEVICE)
 

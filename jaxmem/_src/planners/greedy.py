@@ -43,6 +43,7 @@ from jaxmem._src.planners.common import Pricer, candidate_vars, pins
 RANKS = ("area", "cost")
 Rank = Literal["area", "cost"]
 
+
 def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: int,
             pricer: Pricer, max_chain: int,
             allow_remat: bool, allow_offload: bool) -> Decision | None:
