@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import jaxmem
 from jaxmem._src.plan.decisions import Action, Decision
+from jaxmem._src.lower.backend import jit_plan
 from jaxmem._src.planners.chains import ChainState, find_chain
 from jaxmem._src.lower.ffi import schedule_function
 from jaxmem._src.plan.schedule import build_schedule
@@ -138,6 +139,19 @@ def test_fit_on_random_programs(spec, fraction):
   mem = jaxmem.compiled_memory(fitted.lower(*args).compile())
   assert mem.peak_bytes == res.peak_bytes
   assert_same_values(fitted(*args), want)
+
+
+@settings(max_examples=max(1, EXAMPLES // 3), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.floats(0.3, 0.95))
+def test_selective_plans_only_recompute_and_keep_the_values(spec, fraction):
+  """`selective` (cost-ranked recomputation on top of segments) changes no value."""
+  step, args = build(*spec)
+  prog = jaxmem.analyze(step, *args)
+  plan = jaxmem.get_planner("selective")(prog, int(prog.peak_bytes * fraction), "h100-pcie")
+  assert not plan.num_offload and plan.pinned == ()
+  assert plan.planner in ("selective", "segments+selective")
+  assert_same_values(jit_plan(plan)(*args), jax.jit(step)(*args))
 
 
 def test_greedy_plan_reduces_estimate_and_schedule_is_consistent(mlp_small):
