@@ -175,8 +175,8 @@ def render(res: dict[str, Any]) -> list[str]:
   rows = res["rows"]
   at = m["commit"]
   if m.get("compiled_at", at) != at:
-    at += (f" (compiled figures from {m['compiled_at']}, the `auto` rows whose plan changed "
-           "compiled again)")
+    at += (f" (compiled figures from {m['compiled_at']}; the planned rows whose plan changed "
+           "since, and the rows it had not recorded, compiled again)")
   lines = [f"`python bench/compiled_traffic.py --models {','.join(m['models'])}` at {at} "
            f"(jax {m['jax']}, libtpu {m['libtpu']}, {m['date']}): XLA:TPU's compiled program for "
            "a TPU v5e chip, compiled ahead of time on a CPU-only machine (nothing ran on a TPU), "
