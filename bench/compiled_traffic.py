@@ -17,6 +17,9 @@ its peak. Per model, one row each for
 * selective recomputation's plans (``planners/selective.py``) at 0.75, 0.7
   and 0.5 of the estimated peak priced on the ``flops`` profile (memory
   traffic free: the extra FLOPs are the cost), lowered the same way;
+* with ``--fits``, ``jaxmem.fit`` itself (planned, compiled and verified on
+  the target, the budget a fraction of the compiled peak) with the device
+  profile and planner given;
 
 with the estimate beside the compiled figure: the estimated peak and the
 compiled one (argument + output + temp - alias), the estimated FLOPs of the
@@ -109,9 +112,27 @@ def analyse(step: Any, args: Any) -> jaxmem.Program:
   return jaxmem.Program.of(analyze_program(trace(step, shapes, backend="tpu")))
 
 
-def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
-              ) -> list[dict[str, Any]]:
-  """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling."""
+def run_fit(name: str, step: Any, args: Any, spec: str, target: Any) -> dict[str, Any]:
+  """``jaxmem.fit(f, target=TARGET, device=D, planner=P)`` for ``spec`` ``"f:D:P"``, compiled."""
+  frac, device, planner = spec.split(":")
+  t = time.perf_counter()
+  fitted = jaxmem.fit(float(frac), target=TARGET, device=device, planner=planner)(step)
+  res = fitted.fit_result(*args)
+  plan_s = time.perf_counter() - t
+  row = dict(model=name, label=MODELS[name][0], method=f"fit({frac}, device={device!r}, "
+             f"planner={planner!r})", planner=res.plan.planner, plan_s=plan_s,
+             decisions=len(res.plan.decisions), rounds=res.rounds,
+             host=res.memory.host_temp_bytes, **estimated(res.plan))
+  c = fitted.lower(*args).compile()
+  row.update(peak=jaxmem.compiled_memory(c).peak_bytes, flops=flops_of(c),
+             accessed=bytes_accessed_of(c), compile_s=plan_s)
+  return row
+
+
+def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
+              fits: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+  """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling;
+  ``fits``: ``"f:device:planner"`` of the ``jaxmem.fit`` rows to add (:func:`run_fit`)."""
   label, mod_name, kw = MODELS[name]
 
   def before(method: str) -> dict | None:
@@ -154,6 +175,9 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None
     t = time.perf_counter()
     plan = selective(plain, int(frac * plain.peak_bytes), "flops")
     rows.append(planned(f"selective/flops({frac})", plan, time.perf_counter() - t))
+  for spec in fits:
+    log(f"[{name}] fit {spec} ...")
+    rows.append(run_fit(name, step, args, spec, target))
   base = rows[0]
   for r in rows:
     for key in ("est_peak", "est_flops", "est_accessed", "peak", "flops", "accessed"):
@@ -188,6 +212,8 @@ def render(res: dict[str, Any]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     method = r["method"] + (f" = {r['planner']}" if "planner" in r else "")
+    if r.get("host"):
+      method += f" (+{r['host'] / 2**20:.0f} MiB on the host)"
     acc = "-" if r.get("accessed") is None else f"{r['accessed'] / 1e9:.2f}"
     lines.append(f"| {r['model']} | {method} | {_pct(r.get('est_peak_ratio'))} | "
                  f"{_pct(r.get('peak_ratio'))} | {_pct(r.get('est_flops_ratio'))} | "
@@ -210,6 +236,9 @@ def main() -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default=",".join(MODELS))
   p.add_argument("--render", action="store_true", help="rewrite the report from the JSON")
+  p.add_argument("--fits", default="",
+                 help="comma-separated MODEL:FRACTION:DEVICE:PLANNER of `jaxmem.fit` rows to "
+                      "add (compiled through fit on the target), e.g. gpt:0.69:flops:selective")
   p.add_argument("--estimates-only", action="store_true",
                  help="estimate again beside the compiled figures of the JSON; compile only "
                       "the `auto` rows whose plan changed")
@@ -232,8 +261,12 @@ def main() -> None:
       compiled_at = old["meta"].get("compiled_at", old["meta"]["commit"])
       for r in old["rows"]:
         earlier.setdefault(r["model"], {})[r["method"]] = r
-    rows = [r for n in names for r in run_model(n, target, earlier.get(n) if a.estimates_only
-                                                 else None)]
+    fits = [f.split(":", 1) for f in a.fits.split(",") if f]
+    if any(len(f) != 2 or f[0] not in names for f in fits):
+      p.error(f"--fits: MODEL:FRACTION:DEVICE:PLANNER with MODEL among {names}, got {a.fits!r}")
+    rows = [r for n in names for r in run_model(
+        n, target, earlier.get(n) if a.estimates_only else None,
+        tuple(spec for model, spec in fits if model == n))]
     res = dict(meta=dict(commit=started, compiled_at=compiled_at, jax=jax.__version__,
                          libtpu=importlib.metadata.version("libtpu"),
                          date=time.strftime("%Y-%m-%d %H:%M"), models=names,

@@ -73,14 +73,15 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
-    >>> def f(w, x):
-    ...   for _ in range(4):
-    ...     x = jnp.tanh(x @ w)
-    ...   return x.sum()
-    >>> prog = jaxmem.analyze(jax.grad(f), jnp.ones((128, 128)), jnp.ones((512, 128)))
-    >>> plan = selective(prog, int(0.8 * prog.peak_bytes), "h100-pcie")
-    >>> plan.estimated_peak_bytes <= 0.8 * prog.peak_bytes
-    True
+    >>> def attention(q, k):
+    ...   for _ in range(3):
+    ...     q = jax.nn.softmax(q @ k.T, axis=-1) @ k
+    ...   return jnp.sum(q * q)
+    >>> q, k = jnp.ones((512, 64)), jnp.ones((512, 64)) / 64
+    >>> prog = jaxmem.analyze(jax.grad(attention), q, k)
+    >>> plan = selective(prog, int(0.7 * prog.peak_bytes), "h100-pcie")
+    >>> plan.estimated_peak_bytes <= 0.7 * prog.peak_bytes, plan.num_offload
+    (True, 0)
   """
   bad = [s for s in shares if not 0.0 <= s < 1.0]
   if bad or not shares:
