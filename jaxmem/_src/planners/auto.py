@@ -110,10 +110,9 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   (:func:`~jaxmem._src.planners.selective.selective`) runs after both segment
   searches and searches its segment plans under the same cap, from the best
   plan found by then. Last, the winner's decisions are estimated and
-  simulated without Layrub's
-  pins (:func:`unpinned`; the lowest plan's when none fits), and kept so when
-  that is faster or fits where the pinned plan does not: pins are kept only
-  where they pay.
+  simulated without Layrub's pins (:func:`unpinned`; the lowest plan's when
+  none fits), and kept so when that is faster or fits where the pinned plan
+  does not: pins are kept only where they pay.
 
   Args:
     program: a :class:`jaxmem.Program`.
@@ -189,10 +188,6 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
         skipped.append((name, f"its least recomputation >= 2x best +{best[0] / base - 1.0:.0%}"))
         continue
       plan = found
-    elif name == "selective" and best is not None and best[0] < float("inf") and base > 0:
-      # Its segment plans are searched under the same cap as `segments`.
-      plan = selective(program, budget_bytes, device, copies=copies, window=window,
-                       cap_s=2.0 * (best[0] - base))
     else:
       plan = CANDIDATES[name](program, budget_bytes, device, copies=copies, window=window)
     consider(plan)
