@@ -112,15 +112,21 @@ def analyse(step: Any, args: Any) -> jaxmem.Program:
   return jaxmem.Program.of(analyze_program(trace(step, shapes, backend="tpu")))
 
 
-def run_fit(name: str, step: Any, args: Any, spec: str, target: Any) -> dict[str, Any]:
+def fit_method(spec: str) -> str:
+  """The method name of the ``jaxmem.fit`` row for ``spec`` ``"f:device:planner"``."""
+  frac, device, planner = spec.split(":")
+  return f"fit({frac}, device={device!r}, planner={planner!r})"
+
+
+def run_fit(name: str, step: Any, args: Any, spec: str) -> dict[str, Any]:
   """``jaxmem.fit(f, target=TARGET, device=D, planner=P)`` for ``spec`` ``"f:D:P"``, compiled."""
   frac, device, planner = spec.split(":")
   t = time.perf_counter()
   fitted = jaxmem.fit(float(frac), target=TARGET, device=device, planner=planner)(step)
   res = fitted.fit_result(*args)
   plan_s = time.perf_counter() - t
-  row = dict(model=name, label=MODELS[name][0], method=f"fit({frac}, device={device!r}, "
-             f"planner={planner!r})", planner=res.plan.planner, plan_s=plan_s,
+  row = dict(model=name, label=MODELS[name][0], method=fit_method(spec),
+             planner=res.plan.planner, plan_s=plan_s,
              decisions=len(res.plan.decisions), rounds=res.rounds,
              host=res.memory.host_temp_bytes, **estimated(res.plan))
   c = fitted.lower(*args).compile()
@@ -130,9 +136,11 @@ def run_fit(name: str, step: Any, args: Any, spec: str, target: Any) -> dict[str
 
 
 def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
-              fits: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+              fits: tuple[str, ...] = (), plans: tuple[str, ...] = ()) -> list[dict[str, Any]]:
   """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling;
-  ``fits``: ``"f:device:planner"`` of the ``jaxmem.fit`` rows to add (:func:`run_fit`)."""
+  ``fits``: ``"f:device:planner"`` of the ``jaxmem.fit`` rows to add (:func:`run_fit`;
+  an earlier row of the same fit is reused); ``plans``: ``"f:device:planner"`` of plans for
+  ``f`` of the estimated peak to add, lowered through the ``xla`` backend."""
   label, mod_name, kw = MODELS[name]
 
   def before(method: str) -> dict | None:
@@ -175,9 +183,16 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
     t = time.perf_counter()
     plan = selective(plain, int(frac * plain.peak_bytes), "flops")
     rows.append(planned(f"selective/flops({frac})", plan, time.perf_counter() - t))
+  for spec in plans:
+    frac, device, planner = spec.split(":")
+    log(f"[{name}] {planner}/{device}({frac}) ...")
+    t = time.perf_counter()
+    plan = jaxmem.get_planner(planner)(plain, int(float(frac) * plain.peak_bytes), device)
+    rows.append(planned(f"{planner}/{device}({frac})", plan, time.perf_counter() - t))
   for spec in fits:
     log(f"[{name}] fit {spec} ...")
-    rows.append(run_fit(name, step, args, spec, target))
+    old = before(fit_method(spec))
+    rows.append(dict(old) if old is not None else run_fit(name, step, args, spec))
   base = rows[0]
   for r in rows:
     for key in ("est_peak", "est_flops", "est_accessed", "peak", "flops", "accessed"):
@@ -201,7 +216,8 @@ def render(res: dict[str, Any]) -> list[str]:
   if m.get("compiled_at", at) != at:
     at += (f" (compiled figures from {m['compiled_at']}; the planned rows whose plan changed "
            "since, and the rows it had not recorded, compiled again)")
-  lines = [f"`python bench/compiled_traffic.py --models {','.join(m['models'])}` at {at} "
+  flags = " ".join(m.get("argv", [f"--models {','.join(m['models'])}"]))
+  lines = [f"`python bench/compiled_traffic.py {flags}` at {at} "
            f"(jax {m['jax']}, libtpu {m['libtpu']}, {m['date']}): XLA:TPU's compiled program for "
            "a TPU v5e chip, compiled ahead of time on a CPU-only machine (nothing ran on a TPU), "
            "beside jaxmem's estimate of the same step. Every ratio is to plain `jax.jit` of the "
@@ -239,6 +255,9 @@ def main() -> None:
   p.add_argument("--fits", default="",
                  help="comma-separated MODEL:FRACTION:DEVICE:PLANNER of `jaxmem.fit` rows to "
                       "add (compiled through fit on the target), e.g. gpt:0.69:flops:selective")
+  p.add_argument("--plans", default="",
+                 help="comma-separated MODEL:FRACTION:DEVICE:PLANNER of planned rows to add "
+                      "(FRACTION of the estimated peak), e.g. gpt:0.35:tpu-v5e:segments-modules")
   p.add_argument("--estimates-only", action="store_true",
                  help="estimate again beside the compiled figures of the JSON; compile only "
                       "the `auto` rows whose plan changed")
@@ -261,15 +280,20 @@ def main() -> None:
       compiled_at = old["meta"].get("compiled_at", old["meta"]["commit"])
       for r in old["rows"]:
         earlier.setdefault(r["model"], {})[r["method"]] = r
-    fits = [f.split(":", 1) for f in a.fits.split(",") if f]
-    if any(len(f) != 2 or f[0] not in names for f in fits):
-      p.error(f"--fits: MODEL:FRACTION:DEVICE:PLANNER with MODEL among {names}, got {a.fits!r}")
+    extra = {}
+    for flag, value in (("--fits", a.fits), ("--plans", a.plans)):
+      extra[flag] = [f.split(":", 1) for f in value.split(",") if f]
+      if any(len(f) != 2 or f[0] not in names or f[1].count(":") != 2 for f in extra[flag]):
+        p.error(f"{flag}: MODEL:FRACTION:DEVICE:PLANNER with MODEL among {names}, "
+                f"got {value!r}")
     rows = [r for n in names for r in run_model(
         n, target, earlier.get(n) if a.estimates_only else None,
-        tuple(spec for model, spec in fits if model == n))]
+        tuple(spec for model, spec in extra["--fits"] if model == n),
+        tuple(spec for model, spec in extra["--plans"] if model == n))]
     res = dict(meta=dict(commit=started, compiled_at=compiled_at, jax=jax.__version__,
                          libtpu=importlib.metadata.version("libtpu"),
                          date=time.strftime("%Y-%m-%d %H:%M"), models=names,
+                         argv=sys.argv[1:],
                          wall_s=time.perf_counter() - T0), rows=rows)
     path.write_text(json.dumps(res, indent=1))
   lines = render(res)
