@@ -205,10 +205,11 @@ def main() -> None:
     if n not in MODELS:
       raise SystemExit(f"--models: unknown model {n!r}; choose from {', '.join(MODELS)}")
   t0 = time.perf_counter()
+  started = commit()   # what this run imported, not what the tree holds when it ends
   rows = []
   for n in names:
     rows += run_model(n, a.quick)
-  res = dict(meta=dict(commit=commit(), jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"),
+  res = dict(meta=dict(commit=started, jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"),
                        quick=a.quick, devices=list(DEVICES), wall_s=time.perf_counter() - t0),
              rows=rows)
   (RESULTS / "frontier.json").write_text(json.dumps(res, indent=1))
