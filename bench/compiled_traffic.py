@@ -32,7 +32,7 @@ is no step time here, only what it is made of.
 Run: ``python bench/compiled_traffic.py [--models resnet18,gpt,mlp]``
 (each compile takes 10 s to 3 min on 2 cores; ``--estimates-only`` estimates
 again beside the compiled figures already recorded and compiles only the
-``auto`` plans that changed since); writes
+plans that changed since and the rows not recorded); writes
 bench/results/compiled_traffic.{json,md}.
 """
 
@@ -60,7 +60,6 @@ from jaxmem._src.estimate.targets import get_target  # noqa: E402
 from jaxmem._src.ir.trace import trace  # noqa: E402
 from jaxmem._src.lower.backend import jit_plan  # noqa: E402
 from jaxmem._src.planners import common  # noqa: E402
-from jaxmem._src.planners.selective import selective  # noqa: E402
 
 TARGET, PROFILE = "tpu:v5e", "tpu-v5e"
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -140,7 +139,8 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
   """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling;
   ``fits``: ``"f:device:planner"`` of the ``jaxmem.fit`` rows to add (:func:`run_fit`;
   an earlier row of the same fit is reused); ``plans``: ``"f:device:planner"`` of plans for
-  ``f`` of the estimated peak to add, lowered through the ``xla`` backend."""
+  ``f`` of the estimated peak to add (after the selective ones at ``FLOPS_FRACTIONS``),
+  lowered through the ``xla`` backend."""
   label, mod_name, kw = MODELS[name]
 
   def before(method: str) -> dict | None:
@@ -178,12 +178,7 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
     t = time.perf_counter()
     plan = jaxmem.get_planner("auto")(plain, int(frac * plain.peak_bytes), PROFILE)
     rows.append(planned(f"auto({frac})", plan, time.perf_counter() - t))
-  for frac in FLOPS_FRACTIONS:
-    log(f"[{name}] selective/flops({frac}) ...")
-    t = time.perf_counter()
-    plan = selective(plain, int(frac * plain.peak_bytes), "flops")
-    rows.append(planned(f"selective/flops({frac})", plan, time.perf_counter() - t))
-  for spec in plans:
+  for spec in (*(f"{frac}:flops:selective" for frac in FLOPS_FRACTIONS), *plans):
     frac, device, planner = spec.split(":")
     log(f"[{name}] {planner}/{device}({frac}) ...")
     t = time.perf_counter()
@@ -260,7 +255,7 @@ def main() -> None:
                       "(FRACTION of the estimated peak), e.g. gpt:0.35:tpu-v5e:segments-modules")
   p.add_argument("--estimates-only", action="store_true",
                  help="estimate again beside the compiled figures of the JSON; compile only "
-                      "the `auto` rows whose plan changed")
+                      "the planned rows whose plan changed and the rows it has not recorded")
   a = p.parse_args()
   path = RESULTS / "compiled_traffic.json"
   if a.render:
