@@ -17,7 +17,7 @@ import jaxmem
 from jaxmem._src.estimate.targets import CHIPS, get_target
 from jaxmem._src.native.extension import TARGET_PREFIX
 from jaxmem._src.plan.decisions import Action
-from jaxmem._src.verify.compiled import compiled_memory
+from jaxmem._src.verify.compiled import compiled_cost, compiled_memory
 
 pytest.importorskip("libtpu", reason="TPU targets need libtpu: pip install 'jax[tpu]'")
 
@@ -125,6 +125,26 @@ def test_fit_for_a_tpu_target_is_verified_on_xla_tpu():
   # No custom call of ours on a TPU (they have no TPU implementation).
   assert f'custom_call_target="{TARGET_PREFIX}' not in compiled.as_text()
   assert "verified on:     tpu:v5e (tpu)" in res.summary()
+  # Its price is XLA:TPU's own count of what the fitted program computes and moves.
+  assert res.cost == compiled_cost(compiled)
+  assert res.unplanned_cost == compiled_cost(
+      jax.jit(step).lower(*get_target("tpu:v5e").place(shapes)).compile())
+  assert res.cost.flops > 0 and res.cost.bytes_accessed > 0
+  assert "compiled cost:   FLOPs" in res.summary()
+
+
+def test_fit_for_a_tpu_target_keeps_the_cheapest_fitting_plan_in_the_compiled_program():
+  # Whole segments and selective recomputation both fit this MLP at 0.6 of
+  # its v5e peak: both are compiled, and the plan kept costs least in
+  # XLA:TPU's own FLOPs and bytes, priced on the target's profile.
+  step, shapes, _, res = _fitted_on_v5e()
+  planners = [name for name, _, _ in res.compared]
+  assert len(planners) == 2 and res.plan.planner in planners
+  assert all(peak <= res.budget_bytes for _, peak, _ in res.compared)
+  kept = next(price for name, _, price in res.compared if name == res.plan.planner)
+  assert kept == min(price for _, _, price in res.compared)
+  profile = jaxmem.device_profile("tpu-v5e")
+  assert kept == pytest.approx(res.cost.seconds(profile, res.memory.host_temp_bytes))
 
 
 def test_the_smallest_peak_reported_for_a_tpu_target_is_reached_when_asked_for():

@@ -36,7 +36,8 @@ from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import PLANNERS, as_planner
 from jaxmem._src.planners.scan_policy import scan_frontier
 from jaxmem._src.planners.segments import segments
-from jaxmem._src.verify.compiled import CompiledMemory, collective_buffers, compiled_memory
+from jaxmem._src.verify.compiled import (CompiledCost, CompiledMemory, collective_buffers,
+                                         compiled_cost, compiled_memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,17 @@ class FitResult:
       device)"`` when only some of them go out), or ``"staged, stacked in
       ..."`` (the residuals themselves copied out per iteration and back in
       the backward scan).
+    cost: what the fitted step computes and moves in its compiled program
+      (XLA's ``cost_analysis()``: FLOPs and bytes accessed), the price of the
+      plan on that compiler; ``None`` where it reports none (XLA:GPU
+      compiled ahead of time).
+    unplanned_cost: the same for plain ``jax.jit``.
+    compared: the fitting plans the kept one was chosen from, as
+      ``(planner, compiled peak bytes, price in seconds)``: on a TPU target
+      the whole-segment and the selective planners' plans compete, and the
+      one whose compiled program costs least is kept
+      (:meth:`CompiledCost.seconds` on the device profile). Empty when one
+      plan fitted.
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -87,6 +99,9 @@ class FitResult:
   target: str = "local"
   platform: str = "cpu"
   scans: str = ""
+  cost: CompiledCost | None = None
+  unplanned_cost: CompiledCost | None = None
+  compared: tuple[tuple[str, int, float], ...] = ()
 
   def summary(self) -> str:
     saved = 1.0 - self.peak_bytes / max(1, self.unplanned_peak_bytes)
@@ -99,7 +114,9 @@ class FitResult:
         f"{self.backend!r} backend",
         f"rounds:          {self.rounds}, planning+compile {self.planning_s:.1f} s"
         + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else "")
-        + (f"\nscans:           residuals {self.scans} per iteration" if self.scans else ""),
+        + (f"\nscans:           residuals {self.scans} per iteration" if self.scans else "")
+        + (f"\ncompiled cost:   {self.cost.relative_to(self.unplanned_cost)} against jax.jit"
+           if self.cost is not None and self.unplanned_cost is not None else ""),
     ])
 
 
@@ -112,6 +129,7 @@ class _Attempt:
   options: dict[str, Any]
   limit: int | None = None   # the scheduler's limit on temporaries it was compiled with
   lowered: Any = None   # jax.stages.Lowered, compiled again when a probe compile found it
+  cost: CompiledCost | None = None   # the compiled program's FLOPs and bytes
 
 
 class _ProbeMismatch(Exception):
@@ -346,12 +364,16 @@ class Fitted:
       base_mem = self._as_probed(compiled_memory(base_compiled), base_mem, budget)
     if base_mem.peak_bytes <= budget:
       plan = Plan(program, (), budget, program.peak_bytes, program.peak_bytes, "none")
+      base_cost = compiled_cost(base_compiled)
       result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
-                         base_mem, time.perf_counter() - t0, **where)
+                         base_mem, time.perf_counter() - t0, **where, cost=base_cost,
+                         unplanned_cost=base_cost)
       self._log(f"already fits: {base_mem} <= {format_bytes(budget)}")
       return _Entry(result, base_jit, base_compiled, base_jit)
 
     tried: list[_Attempt] = []
+    # Per attempt kept from several fitting plans (by id), what they cost (`_cheapest`).
+    comparisons: dict[int, tuple[tuple[str, int, float], ...]] = {}
     plans: dict[tuple[int, int, int], Plan] = {}
     compiled_plans: dict[tuple[Any, ...], _Attempt] = {}
     # `auto`'s most aggressive plan (target 0) under the tightest scheduler
@@ -370,7 +392,7 @@ class Fitted:
       lowered = jitted.lower(*placed)
       compiled = lowered.compile(probe_options or None)
       tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit,
-                            lowered))
+                            lowered, compiled_cost(compiled)))
       return tried[-1]
 
     def plan_for(target: int, planner: Planner | None = None) -> Plan:
@@ -572,11 +594,19 @@ class Fitted:
         for options in _compiler_option_sets(self.compiler_fallback, target.platform):
           # `auto` picks by simulated time; when its plans overshoot in the
           # compiled program, its single planners get their own rounds.
-          for planner in (None, *self._fallback_planners()):
-            if planner is not None and out_of_reach(planner, budget):
-              continue
-            found = rounds(options, planner)
-            if found is not None:
+          # A group's planners compete: each one's rounds run, and of the
+          # plans that fit, the cheapest in the compiled program is kept.
+          for group in self._planner_groups():
+            fitting = []
+            for planner in group:
+              if planner is not None and out_of_reach(planner, budget):
+                continue
+              made = rounds(options, planner)
+              if made is not None:
+                fitting.append(made)
+            if fitting:
+              found, compared = self._cheapest(fitting)
+              comparisons[id(found)] = compared
               break
           if found is not None:
             break
@@ -752,7 +782,8 @@ class Fitted:
       # to 7.6 MiB, under a budget of 10.2 MiB that the first search missed).
       fitting = [t for t in tried if t.memory.peak_bytes <= budget]
       if fitting:
-        found = min(fitting, key=lambda t: simulate(t.plan, self.device).step_time_s)
+        found, compared = self._cheapest(fitting)
+        comparisons[id(found)] = compared
         self._log(f"a round of that check fits the budget: {found.memory}")
     if found is None:
       # The unplanned program is a candidate too: a budget of its own peak
@@ -796,13 +827,16 @@ class Fitted:
           advice=floor_advice(floor, smallest, donated=bool(donate),
                               cpu=target.platform == "cpu",
                               fallback=self.compiler_fallback))
+    found_id = id(found)
     if probe_options:
       final = found.lowered.compile()
       memory = self._as_probed(compiled_memory(final), found.memory, budget)
       found = dataclasses.replace(found, compiled=final, memory=memory)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
-                       scans=scans)
+                       scans=scans, cost=compiled_cost(found.compiled),
+                       unplanned_cost=compiled_cost(base_compiled),
+                       compared=comparisons.get(found_id, ()))
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     local = found.jitted
     if not target.is_local:
@@ -821,6 +855,51 @@ class Fitted:
                              f"{format_bytes(memory.peak_bytes)}, above the budget of "
                              f"{format_bytes(budget)} its probe compile met")
     return memory
+
+  def _planner_groups(self) -> tuple[tuple[Planner | None, ...], ...]:
+    """The planners ``fit`` runs rounds for, in groups tried in turn (``None``: :attr:`planner`).
+
+    Within a group every planner's rounds run and the fitting plan that costs
+    least in the compiled program is kept (:meth:`_cheapest`). On a TPU
+    target `auto`'s plans are the whole-segment planner's
+    (:meth:`_plan`), and selective recomputation competes with them: it
+    recomputes the cheap values of every block (softmax, norms, activations)
+    where the segments recompute whole blocks (the GPT of the examples at
+    0.69 of its v5e peak: 0.63 at 1.08x the FLOPs of ``jax.jit`` against
+    0.66 at 1.11x; ``bench/results/compiled_traffic.md``), and the planner
+    that recomputes least is not known before both are compiled.
+    """
+    first: tuple[Planner | None, ...] = (None,)
+    if self.planner is auto and self.compiles_for_tpu:
+      first = (None, PLANNERS["selective"])
+    return (first, *((p,) for p in self._fallback_planners()))
+
+  def _cheapest(self, attempts: list[_Attempt]
+                ) -> tuple[_Attempt, tuple[tuple[str, int, float], ...]]:
+    """The attempt whose compiled program costs least, and what it was compared with.
+
+    The price is the compiler's own FLOPs and bytes on the device profile
+    (:meth:`CompiledCost.seconds`) where every attempt has them, the
+    simulated step time otherwise (XLA:GPU compiled ahead of time reports no
+    cost analysis). The comparison (``FitResult.compared``) is empty for a
+    single attempt.
+    """
+    if len(attempts) == 1:
+      return attempts[0], ()
+    profile = device_profile(self.device)
+    if all(a.cost is not None for a in attempts):
+      def price(a: _Attempt) -> float:
+        return a.cost.seconds(profile, a.memory.host_temp_bytes)
+      how = "compiled FLOPs and bytes"
+    else:
+      def price(a: _Attempt) -> float:
+        return simulate(a.plan, profile).step_time_s
+      how = "simulated step time"
+    best = min(attempts, key=price)
+    self._log("fitting plans, " + how + ": " + ", ".join(
+        f"{a.plan.planner} {price(a) * 1e3:.2f} ms" for a in attempts)
+        + f"; kept {best.plan.planner}")
+    return best, tuple((a.plan.planner, a.memory.peak_bytes, price(a)) for a in attempts)
 
   def _fallback_planners(self) -> tuple[Planner, ...]:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""

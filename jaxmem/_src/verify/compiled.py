@@ -1,8 +1,11 @@
-"""Verify: the compiled executable's peak, from ``memory_analysis()``.
+"""Verify: the compiled executable's peak, from ``memory_analysis()``, and its cost.
 
 peak = argument + output + temp - alias bytes (``docs/design.md``, "Verify":
 on the CPU the entry outputs can share the temp arena, so temp alone is not
-comparable).
+comparable). The cost is the compiler's own count of what the program
+computes and moves (``cost_analysis()``), after its fusion and its
+rematerialization: what a plan's recomputation really costs on that
+compiler, not what the cost model expects.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import re
 import jax
 
 from jaxmem._src.base.errors import format_bytes
+from jaxmem._src.estimate.devices import DeviceProfile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +47,59 @@ def compiled_memory(compiled: jax.stages.Compiled) -> CompiledMemory:
   return CompiledMemory(int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
                         int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes),
                         int(getattr(stats, "host_temp_size_in_bytes", 0) or 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledCost:
+  """What a compiled executable computes and moves, per device: XLA's ``cost_analysis()``.
+
+  Attributes:
+    flops: floating-point operations (``"flops"``).
+    bytes_accessed: bytes its fusions read and write in device memory
+      (``"bytes accessed"``: every fusion's operands and results after the
+      compiler's own fusion; XLA:TPU counts on-chip temporaries too).
+  """
+  flops: float
+  bytes_accessed: float
+
+  def seconds(self, profile: DeviceProfile, host_bytes: int = 0) -> float:
+    """A roofline time of the whole program on ``profile``.
+
+    FLOPs at the profile's achieved matmul rate plus bytes at its achieved
+    memory bandwidth (a sum, not a maximum: ``cost_analysis()`` gives whole-
+    program totals, so which ops are bound by which is not known), plus
+    ``host_bytes`` out to the host and back. It ranks plans of one step on
+    one compiler, where the compiler's counts are the truth and the cost
+    model's per-op times are not; it is not a step time.
+    """
+    compute = self.flops / (profile.flops_per_s * profile.efficiency.matmul)
+    memory = (self.bytes_accessed / (profile.memory_bytes_per_s * profile.efficiency.memory)
+              if profile.memory_bytes_per_s else 0.0)
+    return compute + memory + (2 * profile.copy_seconds(host_bytes) if host_bytes else 0.0)
+
+  def relative_to(self, other: CompiledCost) -> str:
+    """``"FLOPs +7.6%, bytes accessed -9.6%"`` against ``other`` (plain ``jax.jit``)."""
+    def pct(a: float, b: float) -> str:
+      return f"{a / b - 1:+.1%}" if b else "n/a"
+    return (f"FLOPs {pct(self.flops, other.flops)}, "
+            f"bytes accessed {pct(self.bytes_accessed, other.bytes_accessed)}")
+
+
+def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost | None:
+  """``compiled.cost_analysis()`` as a :class:`CompiledCost`; ``None`` where the compiler has none.
+
+  (XLA:GPU compiled ahead of time without a GPU reports none; a multi-program
+  executable's list holds one dict per program, the first being the step's.)
+  """
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 - a backend without a cost analysis raises its own error
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return CompiledCost(float(cost["flops"]), float(cost.get("bytes accessed", 0.0)))
 
 
 @dataclasses.dataclass(frozen=True)
