@@ -112,16 +112,20 @@ def analyse(step: Any, args: Any) -> jaxmem.Program:
 
 
 def fit_method(spec: str) -> str:
-  """The method name of the ``jaxmem.fit`` row for ``spec`` ``"f:device:planner"``."""
+  """The method name of the ``jaxmem.fit`` row for ``spec`` ``"f:device:planner"``
+  (``default``: the argument left out)."""
   frac, device, planner = spec.split(":")
-  return f"fit({frac}, device={device!r}, planner={planner!r})"
+  kw = [f"{k}={v!r}" for k, v in (("device", device), ("planner", planner)) if v != "default"]
+  return f"fit({', '.join([frac, *kw])})"
 
 
 def run_fit(name: str, step: Any, args: Any, spec: str) -> dict[str, Any]:
-  """``jaxmem.fit(f, target=TARGET, device=D, planner=P)`` for ``spec`` ``"f:D:P"``, compiled."""
+  """``jaxmem.fit(f, target=TARGET, device=D, planner=P)`` for ``spec`` ``"f:D:P"``, compiled
+  (``default`` for D or P: the argument left out)."""
   frac, device, planner = spec.split(":")
+  kw = {k: v for k, v in (("device", device), ("planner", planner)) if v != "default"}
   t = time.perf_counter()
-  fitted = jaxmem.fit(float(frac), target=TARGET, device=device, planner=planner)(step)
+  fitted = jaxmem.fit(float(frac), target=TARGET, **kw)(step)
   res = fitted.fit_result(*args)
   plan_s = time.perf_counter() - t
   row = dict(model=name, label=MODELS[name][0], method=fit_method(spec),
@@ -135,10 +139,11 @@ def run_fit(name: str, step: Any, args: Any, spec: str) -> dict[str, Any]:
 
 
 def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
-              fits: tuple[str, ...] = (), plans: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+              fits: tuple[str, ...] = (), plans: tuple[str, ...] = (),
+              refit: bool = False) -> list[dict[str, Any]]:
   """The rows of one model; ``earlier``: compiled rows by method, reused instead of compiling;
   ``fits``: ``"f:device:planner"`` of the ``jaxmem.fit`` rows to add (:func:`run_fit`;
-  an earlier row of the same fit is reused); ``plans``: ``"f:device:planner"`` of plans for
+  an earlier row of the same fit is reused unless ``refit``); ``plans``: ``"f:device:planner"`` of plans for
   ``f`` of the estimated peak to add (after the selective ones at ``FLOPS_FRACTIONS``),
   lowered through the ``xla`` backend."""
   label, mod_name, kw = MODELS[name]
@@ -186,7 +191,7 @@ def run_model(name: str, target: Any, earlier: dict[str, dict] | None = None,
     rows.append(planned(f"{planner}/{device}({frac})", plan, time.perf_counter() - t))
   for spec in fits:
     log(f"[{name}] fit {spec} ...")
-    old = before(fit_method(spec))
+    old = None if refit else before(fit_method(spec))
     rows.append(dict(old) if old is not None else run_fit(name, step, args, spec))
   base = rows[0]
   for r in rows:
@@ -249,13 +254,17 @@ def main() -> None:
   p.add_argument("--render", action="store_true", help="rewrite the report from the JSON")
   p.add_argument("--fits", default="",
                  help="comma-separated MODEL:FRACTION:DEVICE:PLANNER of `jaxmem.fit` rows to "
-                      "add (compiled through fit on the target), e.g. gpt:0.69:flops:selective")
+                      "add (compiled through fit on the target), e.g. gpt:0.69:flops:selective; "
+                      "`default` leaves the device or the planner out: gpt:0.5:default:default")
   p.add_argument("--plans", default="",
                  help="comma-separated MODEL:FRACTION:DEVICE:PLANNER of planned rows to add "
                       "(FRACTION of the estimated peak), e.g. gpt:0.35:tpu-v5e:segments-modules")
   p.add_argument("--estimates-only", action="store_true",
                  help="estimate again beside the compiled figures of the JSON; compile only "
                       "the planned rows whose plan changed and the rows it has not recorded")
+  p.add_argument("--refit", action="store_true",
+                 help="with --estimates-only, run the --fits rows again (fit's search changed) "
+                      "instead of reusing the recorded ones")
   a = p.parse_args()
   path = RESULTS / "compiled_traffic.json"
   if a.render:
@@ -284,7 +293,7 @@ def main() -> None:
     rows = [r for n in names for r in run_model(
         n, target, earlier.get(n) if a.estimates_only else None,
         tuple(spec for model, spec in extra["--fits"] if model == n),
-        tuple(spec for model, spec in extra["--plans"] if model == n))]
+        tuple(spec for model, spec in extra["--plans"] if model == n), a.refit)]
     res = dict(meta=dict(commit=started, compiled_at=compiled_at, jax=jax.__version__,
                          libtpu=importlib.metadata.version("libtpu"),
                          date=time.strftime("%Y-%m-%d %H:%M"), models=names,
