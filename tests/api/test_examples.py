@@ -349,6 +349,12 @@ def test_the_xla_form_of_a_plan_runs_like_jit_on_every_example(name):
   step, args = build(case.module, **case.tiny)
   plan = jaxmem.plan(step, *args, budget=min(case.budget, 0.8), planner="greedy",
                      device="h100-pcie")
+  if not (plan.decisions or plan.pinned):
+    # Greedy lowers nothing here (the scanned transformer: its stacked
+    # residuals are one value each), and a plan that does not lower the peak
+    # is returned empty; the MILP's, which does, exercises the rewrite.
+    plan = jaxmem.plan(step, *args, budget=min(case.budget, 0.8), planner="optimal",
+                       device="h100-pcie")
   if case.budget < 1.0:
     assert plan.decisions or plan.pinned, plan.summary()
   got = jit_plan(plan, backend="xla")(*args)

@@ -230,3 +230,61 @@ def test_greedy_searches_each_plan_once_per_program(mlp_program):
   assert greedy(prog, budget - 1, "h100-pcie") is not first
   assert greedy(prog, budget, "cpu") is not first
   assert greedy(prog, budget, "h100-pcie", copies="async") is not first
+
+
+def _two_layer_tanh_mlp() -> jaxmem.Program:
+  """A 2-layer tanh MLP step (33 ops) whose single-value plans cannot lower its estimated peak."""
+  def loss(params, x):
+    for w in params:
+      x = jnp.tanh(x @ w)
+    return (x ** 2).mean()
+
+  def step(params, x):
+    grads = jax.grad(loss)(params, x)
+    return [p - 0.1 * g for p, g in zip(params, grads)]
+
+  shapes = [jax.ShapeDtypeStruct((256, 256), jnp.float32)] * 2
+  return jaxmem.analyze(step, shapes, jax.ShapeDtypeStruct((8192, 256), jnp.float32))
+
+
+# `dqn` trains a network (seconds to minutes): left to tests/planners/test_dqn.py.
+_FAST_PLANNERS = sorted(set(jaxmem.PLANNERS) - {"dqn"})
+
+
+@pytest.mark.parametrize("frac", [0.9, 0.7])
+def test_no_planner_returns_a_plan_worse_than_none(frac):
+  # Several planners' plans on this step were estimated at or above the step
+  # as written before the guard (`common.never_worse_than_none`).
+  prog = _two_layer_tanh_mlp()
+  budget = int(frac * prog.peak_bytes)
+  replaced = []
+  for name in _FAST_PLANNERS:
+    plan = jaxmem.get_planner(name)(prog, budget, "h100-sxm")
+    assert (not plan.decisions and not plan.pinned) or plan.estimated_peak_bytes < prog.peak_bytes, (
+        name, plan.estimated_peak_bytes, prog.peak_bytes)
+    note = plan.diagnostic(common.NoBetterThanNone)
+    if note is not None:
+      replaced.append(name)
+      assert not plan.decisions and not plan.pinned
+      assert plan.estimated_peak_bytes == prog.peak_bytes
+      assert note.estimated_peak_bytes >= note.unplanned_peak_bytes == prog.peak_bytes
+      assert "not below the step as written" in str(note)
+      assert jaxmem.simulate(plan, "h100-sxm").overhead == pytest.approx(0.0, abs=1e-12)
+  # The guard did something here (the test would pass vacuously otherwise).
+  assert {"optimal", "vdnn", "layrub"} <= set(replaced)
+
+
+def test_the_milp_is_proven_only_when_its_plan_meets_the_budget():
+  prog = _two_layer_tanh_mlp()
+  for frac in (0.9, 0.7, 0.5):
+    budget = int(frac * prog.peak_bytes)
+    plan = optimal_mod.optimal(prog, budget, "h100-sxm", time_limit_s=5)
+    diag = plan.diagnostic(MILPDiagnostics)
+    assert diag is not None
+    if diag.proven:
+      assert plan.estimated_peak_bytes <= budget
+  # Where it does fit, the plan is still proven (the MLP of the test above at 0.8).
+  big, _, _ = models.mlp_program(1024, 256, 6), None, None
+  opt = optimal_mod.optimal(big, int(0.8 * big.peak_bytes), time_limit_s=10)
+  assert opt.estimated_peak_bytes <= int(0.8 * big.peak_bytes)
+  assert opt.diagnostic(MILPDiagnostics).proven

@@ -91,6 +91,7 @@ def unpinned(plan: Plan, budget_bytes: int) -> Plan:
 
 
 @without_gc
+@common.never_worse_than_none
 def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "sync", window: Window = None, planners: tuple[str, ...] = FAST,
          milp_time_s: float = 2.0, bo_iterations: int = 2) -> Plan:

@@ -102,6 +102,7 @@ def _standardise(x: np.ndarray) -> np.ndarray:
 
 
 @without_gc
+@common.never_worse_than_none
 def autoswap(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "async", window: Window = None, score: str = "bo",
              bo_iterations: int = 12, min_bytes: int | None = None, seed: int = 0) -> Plan:

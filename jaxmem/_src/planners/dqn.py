@@ -776,6 +776,7 @@ class _Agent:
         on_episode(episode, ret, env)
 
 
+@common.never_worse_than_none
 def dqn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
         copies: CopyMode = "async", window: Window = None, episodes: int = 30,
         weights: DqnWeights | str | os.PathLike[str] | None = None, seed: int = 0,

@@ -37,6 +37,7 @@ from jaxmem._src.planners import common
 
 
 @without_gc
+@common.never_worse_than_none
 def layrub(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
            copies: CopyMode = "async", window: Window = None, budgeted: bool = True,
            min_bytes: int | None = None) -> Plan:

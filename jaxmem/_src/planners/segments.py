@@ -248,6 +248,7 @@ def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
 
 
 @without_gc
+@common.never_worse_than_none
 def segments(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
              copies: CopyMode = "sync", window: Window = None,
              min_bytes: int | None = None, fill: bool = True, max_tries: int = 3,

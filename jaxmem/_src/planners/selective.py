@@ -42,6 +42,7 @@ from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.plan.simulate import simulate
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.segments import segmentations, segments_within
+from jaxmem._src.planners import common
 
 #: Shares of the excess over the budget that whole segments cover before
 #: selection covers the rest (0: selection alone).
@@ -49,6 +50,7 @@ SEGMENT_SHARES = (0.0, 0.2, 0.4, 0.6, 0.8)
 
 
 @without_gc
+@common.never_worse_than_none
 def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
               copies: CopyMode = "sync", window: Window = None, max_chain: int = 16,
               shares: tuple[float, ...] = SEGMENT_SHARES,

@@ -40,6 +40,7 @@ POLICIES = ("dyn", "conv", "all")
 
 
 @without_gc
+@common.never_worse_than_none
 def vdnn(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "async", window: Window = None, policy: str = "dyn",
          min_bytes: int | None = None) -> Plan:

@@ -35,6 +35,7 @@ from jaxmem._src.planners import common
 
 
 @without_gc
+@common.never_worse_than_none
 def window_planner(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
                    copies: CopyMode = "async", window: Window = None,
                    window_fraction: float = 1.0, tries: int = 5,
