@@ -83,8 +83,8 @@ class FitResult:
       ``(planner, compiled peak bytes, price in seconds)``: on a TPU target
       the whole-segment and the selective planners' plans compete, and the
       one whose compiled program costs least is kept
-      (:meth:`CompiledCost.seconds` on the device profile). Empty when one
-      plan fitted.
+      (:meth:`CompiledCost.seconds` on the device profile; the simulated
+      step time elsewhere). Empty when one plan fitted.
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -864,10 +864,11 @@ class Fitted:
     target `auto`'s plans are the whole-segment planner's
     (:meth:`_plan`), and selective recomputation competes with them: it
     recomputes the cheap values of every block (softmax, norms, activations)
-    where the segments recompute whole blocks (the GPT of the examples at
-    0.69 of its v5e peak: 0.63 at 1.08x the FLOPs of ``jax.jit`` against
-    0.66 at 1.11x; ``bench/results/compiled_traffic.md``), and the planner
-    that recomputes least is not known before both are compiled.
+    where the segments recompute whole blocks, and which costs less is not
+    known before both are compiled (the GPT of the examples at batch 128 and
+    0.69 of its v5e peak: the segments' plan compiled to 0.63 of ``jax.jit``'s
+    peak at 1.12x its FLOPs and 1.05x its bytes, the selective one, kept now,
+    to 0.64 at 1.12x and 0.90x; ``bench/results/tpu.md``).
     """
     first: tuple[Planner | None, ...] = (None,)
     if self.planner is auto and self.compiles_for_tpu:
@@ -878,16 +879,17 @@ class Fitted:
                 ) -> tuple[_Attempt, tuple[tuple[str, int, float], ...]]:
     """The attempt whose compiled program costs least, and what it was compared with.
 
-    The price is the compiler's own FLOPs and bytes on the device profile
-    (:meth:`CompiledCost.seconds`) where every attempt has them, the
-    simulated step time otherwise (XLA:GPU compiled ahead of time reports no
-    cost analysis). The comparison (``FitResult.compared``) is empty for a
-    single attempt.
+    On a TPU target the price is XLA:TPU's own FLOPs and bytes on the device
+    profile (:meth:`CompiledCost.seconds`); elsewhere the simulated step time
+    (XLA:GPU compiled ahead of time reports no cost analysis, and on the CPU
+    the ``ffi`` backend's copies to jaxmem's host store are custom calls the
+    cost analysis does not count). The comparison (``FitResult.compared``) is
+    empty for a single attempt.
     """
     if len(attempts) == 1:
       return attempts[0], ()
     profile = device_profile(self.device)
-    if all(a.cost is not None for a in attempts):
+    if self.compiles_for_tpu and all(a.cost is not None for a in attempts):
       def price(a: _Attempt) -> float:
         return a.cost.seconds(profile, a.memory.host_temp_bytes)
       how = "compiled FLOPs and bytes"

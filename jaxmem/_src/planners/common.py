@@ -290,7 +290,7 @@ def never_worse_than_none(planner: F) -> F:
   (0.9-0.5 of the estimate, ``h100-sxm``): 20 of 180 ``greedy`` plans, 20
   ``segments``, 30 ``selective``, 71 ``optimal``, 40 each of ``vdnn``,
   ``layrub`` and ``autoswap`` and 18 ``window`` plans were estimated at or
-  above the unplanned peak (a GELU MLP at 0.9: ``greedy`` at 1.21x for +68%
+  above the unplanned peak (a GELU MLP at 0.9: ``greedy-remat`` at 1.21x for +68%
   simulated time). The plan returned instead has no decisions and no pins,
   the planner's name, and its diagnostics followed by a
   :class:`NoBetterThanNone`. Whether a plan that does lower the peak but
