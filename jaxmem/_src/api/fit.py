@@ -116,6 +116,8 @@ class FitResult:
         + (f"\ncompiled with:   {self.compiler_options}" if self.compiler_options else "")
         + (f"\nscans:           residuals {self.scans} per iteration" if self.scans else "")
         + (f"\ncompiled cost:   {self.cost.relative_to(self.unplanned_cost)} against jax.jit"
+           + (" (the copies to jaxmem's host store are custom calls it does not count)"
+              if self.backend == "ffi" and self.plan.num_offload else "")
            if self.cost is not None and self.unplanned_cost is not None else ""),
     ])
 
