@@ -73,3 +73,10 @@ def test_a_backend_without_cost_analysis_has_no_compiled_cost():
     def cost_analysis(self):
       raise NotImplementedError("no cost analysis here")
   assert compiled_cost(NoCost()) is None
+
+
+def test_the_compiled_cost_docstring_example_runs():
+  import doctest
+  from jaxmem._src.verify import compiled
+  result = doctest.testmod(compiled, optionflags=doctest.ELLIPSIS)
+  assert result.attempted >= 5 and result.failed == 0

@@ -90,6 +90,15 @@ def compiled_cost(compiled: jax.stages.Compiled) -> CompiledCost | None:
 
   (XLA:GPU compiled ahead of time without a GPU reports none; a multi-program
   executable's list holds one dict per program, the first being the step's.)
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxmem
+    >>> f = jax.jit(lambda x, w: jnp.tanh(x @ w))
+    >>> x = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+    >>> w = jax.ShapeDtypeStruct((128, 64), jnp.float32)
+    >>> cost = jaxmem.compiled_cost(f.lower(x, w).compile())
+    >>> cost.flops >= 2 * 256 * 128 * 64
+    True
   """
   try:
     cost = compiled.cost_analysis()
