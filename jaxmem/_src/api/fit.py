@@ -132,6 +132,8 @@ class _Attempt:
   limit: int | None = None   # the scheduler's limit on temporaries it was compiled with
   lowered: Any = None   # jax.stages.Lowered, compiled again when a probe compile found it
   cost: CompiledCost | None = None   # the compiled program's FLOPs and bytes
+  # The fitting attempts it was chosen from (`Fitted._cheapest`; FitResult.compared).
+  compared: tuple[tuple[str, int, float], ...] = ()
 
 
 class _ProbeMismatch(Exception):
@@ -374,8 +376,6 @@ class Fitted:
       return _Entry(result, base_jit, base_compiled, base_jit)
 
     tried: list[_Attempt] = []
-    # Per attempt kept from several fitting plans (by id), what they cost (`_cheapest`).
-    comparisons: dict[int, tuple[tuple[str, int, float], ...]] = {}
     plans: dict[tuple[int, int, int], Plan] = {}
     compiled_plans: dict[tuple[Any, ...], _Attempt] = {}
     # `auto`'s most aggressive plan (target 0) under the tightest scheduler
@@ -607,8 +607,7 @@ class Fitted:
               if made is not None:
                 fitting.append(made)
             if fitting:
-              found, compared = self._cheapest(fitting)
-              comparisons[id(found)] = compared
+              found = self._cheapest(fitting)
               break
           if found is not None:
             break
@@ -784,8 +783,7 @@ class Fitted:
       # to 7.6 MiB, under a budget of 10.2 MiB that the first search missed).
       fitting = [t for t in tried if t.memory.peak_bytes <= budget]
       if fitting:
-        found, compared = self._cheapest(fitting)
-        comparisons[id(found)] = compared
+        found = self._cheapest(fitting)
         self._log(f"a round of that check fits the budget: {found.memory}")
     if found is None:
       # The unplanned program is a candidate too: a budget of its own peak
@@ -829,7 +827,6 @@ class Fitted:
           advice=floor_advice(floor, smallest, donated=bool(donate),
                               cpu=target.platform == "cpu",
                               fallback=self.compiler_fallback))
-    found_id = id(found)
     if probe_options:
       final = found.lowered.compile()
       memory = self._as_probed(compiled_memory(final), found.memory, budget)
@@ -838,7 +835,7 @@ class Fitted:
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
                        scans=scans, cost=compiled_cost(found.compiled),
                        unplanned_cost=compiled_cost(base_compiled),
-                       compared=comparisons.get(found_id, ()))
+                       compared=found.compared)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     local = found.jitted
     if not target.is_local:
@@ -877,33 +874,31 @@ class Fitted:
       first = (None, PLANNERS["selective"])
     return (first, *((p,) for p in self._fallback_planners()))
 
-  def _cheapest(self, attempts: list[_Attempt]
-                ) -> tuple[_Attempt, tuple[tuple[str, int, float], ...]]:
-    """The attempt whose compiled program costs least, and what it was compared with.
+  def _cheapest(self, attempts: list[_Attempt]) -> _Attempt:
+    """The attempt whose compiled program costs least, with what it was compared with.
 
     On a TPU target the price is XLA:TPU's own FLOPs and bytes on the device
     profile (:meth:`CompiledCost.seconds`); elsewhere the simulated step time
     (XLA:GPU compiled ahead of time reports no cost analysis, and on the CPU
     the ``ffi`` backend's copies to jaxmem's host store are custom calls the
-    cost analysis does not count). The comparison (``FitResult.compared``) is
-    empty for a single attempt.
+    cost analysis does not count). The comparison (``_Attempt.compared``, then
+    ``FitResult.compared``) is empty for a single attempt.
     """
     if len(attempts) == 1:
-      return attempts[0], ()
+      return attempts[0]
     profile = device_profile(self.device)
     if self.compiles_for_tpu and all(a.cost is not None for a in attempts):
-      def price(a: _Attempt) -> float:
-        return a.cost.seconds(profile, a.memory.host_temp_bytes)
+      prices = [a.cost.seconds(profile, a.memory.host_temp_bytes) for a in attempts]
       how = "compiled FLOPs and bytes"
     else:
-      def price(a: _Attempt) -> float:
-        return simulate(a.plan, profile).step_time_s
+      prices = [simulate(a.plan, profile).step_time_s for a in attempts]
       how = "simulated step time"
-    best = min(attempts, key=price)
+    k = min(range(len(prices)), key=prices.__getitem__)
     self._log("fitting plans, " + how + ": " + ", ".join(
-        f"{a.plan.planner} {price(a) * 1e3:.2f} ms" for a in attempts)
-        + f"; kept {best.plan.planner}")
-    return best, tuple((a.plan.planner, a.memory.peak_bytes, price(a)) for a in attempts)
+        f"{a.plan.planner} {s * 1e3:.2f} ms" for a, s in zip(attempts, prices))
+        + f"; kept {attempts[k].plan.planner}")
+    return dataclasses.replace(attempts[k], compared=tuple(
+        (a.plan.planner, a.memory.peak_bytes, s) for a, s in zip(attempts, prices)))
 
   def _fallback_planners(self) -> tuple[Planner, ...]:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""

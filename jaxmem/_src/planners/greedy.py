@@ -37,8 +37,7 @@ from jaxmem._src.plan.decisions import Action, Decision
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import CopyMode, Window, build_schedule
 from jaxmem._src.planners.chains import ChainState, find_chain
-from jaxmem._src.planners.common import Pricer, candidate_vars, pins
-from jaxmem._src.planners import common
+from jaxmem._src.planners.common import Pricer, candidate_vars, never_worse_than_none, pins
 
 #: ``rank=`` values of :func:`greedy`.
 RANKS = ("area", "cost")
@@ -66,7 +65,7 @@ def _decide(state: ChainState, program: AnalyzedProgram, vid: int, a: int, b: in
 
 
 @without_gc
-@common.never_worse_than_none
+@never_worse_than_none
 def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
            copies: CopyMode = "sync", window: Window = None,
            min_bytes: int | None = None, max_chain: int = 8,

@@ -281,15 +281,13 @@ def optimal(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = No
     # peak: 1.02x after four rounds). A plan is proven optimal only when the
     # solver proved it, no memory row needed its slack and the schedule
     # estimate meets the budget.
-    key = (plan.estimated_peak_bytes > budget_bytes,
-           plan.estimated_peak_bytes if plan.estimated_peak_bytes > budget_bytes else 0,
-           float(cost_vec @ (res.x > 0.5)))
+    round_s = float(cost_vec @ (res.x > 0.5))
+    over = max(0, plan.estimated_peak_bytes - budget_bytes)
+    key = (over > 0, over, round_s)
     if best_key is None or key < best_key:
       best, best_pins, best_key = chosen, pins, key
-      status = round_status
-      objective_s = float(cost_vec @ (res.x > 0.5))
-      proven = (res.status == 0 and not relaxed
-                and plan.estimated_peak_bytes <= budget_bytes)
+      status, objective_s = round_status, round_s
+      proven = res.status == 0 and not relaxed and not over
     if plan.estimated_peak_bytes <= budget_bytes:
       break
     # The linear model missed fusion effects: aim lower by the overshoot.

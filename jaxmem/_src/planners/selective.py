@@ -40,9 +40,9 @@ from jaxmem._src.estimate.devices import DeviceLike, device_profile
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import CopyMode, Window
 from jaxmem._src.plan.simulate import simulate
+from jaxmem._src.planners import common
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.segments import segmentations, segments_within
-from jaxmem._src.planners import common
 
 #: Shares of the excess over the budget that whole segments cover before
 #: selection covers the rest (0: selection alone).

@@ -72,7 +72,7 @@ class CompiledCost:
     one compiler, where the compiler's counts are the truth and the cost
     model's per-op times are not; it is not a step time.
     """
-    compute = self.flops / (profile.flops_per_s * profile.efficiency.matmul)
+    compute = self.flops / profile.matmul_rate("float32")
     memory = (self.bytes_accessed / (profile.memory_bytes_per_s * profile.efficiency.memory)
               if profile.memory_bytes_per_s else 0.0)
     return compute + memory + (2 * profile.copy_seconds(host_bytes) if host_bytes else 0.0)
