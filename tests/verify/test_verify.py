@@ -75,6 +75,23 @@ def test_a_backend_without_cost_analysis_has_no_compiled_cost():
   assert compiled_cost(NoCost()) is None
 
 
+def test_without_a_cost_analysis_the_compiled_cost_is_read_from_the_hlo():
+  compiled = jax.jit(lambda x, w: jnp.tanh(x @ w)).lower(jnp.ones((64, 32)),
+                                                          jnp.ones((32, 16))).compile()
+
+  class NoCost:
+    def cost_analysis(self):
+      return None
+
+    def as_text(self):
+      return compiled.as_text()
+  cost = compiled_cost(NoCost())
+  assert cost is not None and cost.kernels and cost.flops >= 2 * 64 * 32 * 16
+  assert compiled_cost(NoCost(), from_hlo=False) is None
+  profile = jaxmem.device_profile("h100-sxm")
+  assert cost.seconds(profile) == pytest.approx(sum(k.seconds(profile) for k in cost.kernels))
+
+
 def test_the_compiled_cost_docstring_example_runs():
   import doctest
   from jaxmem._src.verify import compiled

@@ -83,8 +83,9 @@ class FitResult:
       ``(planner, compiled peak bytes, price in seconds)``: on a TPU target
       the whole-segment and the selective planners' plans compete, and the
       one whose compiled program costs least is kept
-      (:meth:`CompiledCost.seconds` on the device profile; the simulated
-      step time elsewhere). Empty when one plan fitted.
+      (:meth:`CompiledCost.seconds` on the device profile: XLA:TPU's counts
+      on a TPU, the compiled kernels' roofline on a GPU; the simulated step
+      time on the CPU). Empty when one plan fitted.
   """
   budget_bytes: int
   unplanned_peak_bytes: int
@@ -368,7 +369,7 @@ class Fitted:
       base_mem = self._as_probed(compiled_memory(base_compiled), base_mem, budget)
     if base_mem.peak_bytes <= budget:
       plan = Plan(program, (), budget, program.peak_bytes, program.peak_bytes, "none")
-      base_cost = compiled_cost(base_compiled)
+      base_cost = self._compiled_cost(base_compiled)
       result = FitResult(budget, base_mem.peak_bytes, base_mem.peak_bytes, plan, 0, base_mem,
                          base_mem, time.perf_counter() - t0, **where, cost=base_cost,
                          unplanned_cost=base_cost)
@@ -394,7 +395,7 @@ class Fitted:
       lowered = jitted.lower(*placed)
       compiled = lowered.compile(probe_options or None)
       tried.append(_Attempt(compiled_memory(compiled), plan, jitted, compiled, options, limit,
-                            lowered, compiled_cost(compiled)))
+                            lowered, self._compiled_cost(compiled)))
       return tried[-1]
 
     def plan_for(target: int, planner: Planner | None = None) -> Plan:
@@ -833,8 +834,8 @@ class Fitted:
       found = dataclasses.replace(found, compiled=final, memory=memory)
     result = FitResult(budget, base_mem.peak_bytes, found.memory.peak_bytes, found.plan, len(tried),
                        found.memory, base_mem, time.perf_counter() - t0, found.options, **where,
-                       scans=scans, cost=compiled_cost(found.compiled),
-                       unplanned_cost=compiled_cost(base_compiled),
+                       scans=scans, cost=self._compiled_cost(found.compiled),
+                       unplanned_cost=self._compiled_cost(base_compiled),
                        compared=found.compared)
     self._log(f"fitted: {found.memory} <= {format_bytes(budget)}")
     local = found.jitted
@@ -878,18 +879,20 @@ class Fitted:
     """The attempt whose compiled program costs least, with what it was compared with.
 
     On a TPU target the price is XLA:TPU's own FLOPs and bytes on the device
-    profile (:meth:`CompiledCost.seconds`); elsewhere the simulated step time
-    (XLA:GPU compiled ahead of time reports no cost analysis, and on the CPU
-    the ``ffi`` backend's copies to jaxmem's host store are custom calls the
-    cost analysis does not count). The comparison (``_Attempt.compared``, then
+    profile (:meth:`CompiledCost.seconds`); on a GPU (the ``xla`` backend) the
+    roofline of the compiled program's kernels, read from its HLO
+    (:meth:`_compiled_cost`); on the CPU the simulated step time (the
+    ``ffi`` backend's copies to jaxmem's host store are custom calls no
+    compiled count sees). The comparison (``_Attempt.compared``, then
     ``FitResult.compared``) is empty for a single attempt.
     """
     if len(attempts) == 1:
       return attempts[0]
     profile = device_profile(self.device)
-    if self.compiles_for_tpu and all(a.cost is not None for a in attempts):
+    if self._prices_compiled and all(a.cost is not None for a in attempts):
       prices = [a.cost.seconds(profile, a.memory.host_temp_bytes) for a in attempts]
-      how = "compiled FLOPs and bytes"
+      how = ("compiled kernels' roofline" if attempts[0].cost.kernels
+             else "compiled FLOPs and bytes")
     else:
       prices = [simulate(a.plan, profile).step_time_s for a in attempts]
       how = "simulated step time"
@@ -899,6 +902,21 @@ class Fitted:
         + f"; kept {attempts[k].plan.planner}")
     return dataclasses.replace(attempts[k], compared=tuple(
         (a.plan.planner, a.memory.peak_bytes, s) for a, s in zip(attempts, prices)))
+
+  @property
+  def _prices_compiled(self) -> bool:
+    """Whether fitting plans are ranked by their compiled program's cost (:meth:`_cheapest`)."""
+    return self.compiles_for_tpu or (self.backend == "xla" and self.target.platform == "gpu")
+
+  def _compiled_cost(self, compiled: Any) -> CompiledCost | None:
+    """What ``compiled`` computes and moves; on a GPU read kernel by kernel from its HLO.
+
+    XLA:GPU compiled ahead of time has no cost analysis, and where it has
+    one it counts a loop body once: the kernels' roofline
+    (:func:`~jaxmem._src.verify.hlo_cost.hlo_kernels`) is what ranks plans
+    there (``bench/results/gpu_cost.md``).
+    """
+    return compiled_cost(compiled, from_hlo=True if self.target.platform == "gpu" else None)
 
   def _fallback_planners(self) -> tuple[Planner, ...]:
     """``auto``'s single planners, tried in turn when ``auto``'s plans overshoot when compiled."""
