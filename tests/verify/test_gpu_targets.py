@@ -20,7 +20,7 @@ import pytest
 
 import jaxmem
 from jaxmem._src.estimate.targets import GPUS, get_target
-from jaxmem._src.verify.compiled import compiled_memory
+from jaxmem._src.verify.compiled import compiled_cost, compiled_memory
 
 pytest.importorskip("jax_cuda12_plugin",
                     reason="GPU targets need jax's CUDA plugin: pip install 'jax[cuda12]'")
@@ -60,6 +60,14 @@ def test_fit_for_a_gpu_target_is_verified_on_xla_gpu_and_runs_here():
   got, want = fitted(*args), jax.jit(step)(*args)
   for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-4)
+  # Its cost is XLA:GPU's compiled kernels' (no cost analysis without a GPU),
+  # and the kept plan is the cheapest of those that fitted.
+  assert res.cost is not None and res.cost.kernels and res.unplanned_cost.kernels
+  assert compiled_cost(compiled, from_hlo=True).flops == pytest.approx(res.cost.flops)
+  profile = jaxmem.device_profile("h100-sxm")
+  if res.compared:
+    assert min(price for _, _, price in res.compared) == pytest.approx(
+        res.cost.seconds(profile))
 
 
 def test_ffi_backend_is_refused_for_a_gpu_compiled_ahead_of_time():

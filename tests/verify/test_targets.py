@@ -147,6 +147,17 @@ def test_fit_for_a_tpu_target_keeps_the_cheapest_fitting_plan_in_the_compiled_pr
   assert kept == pytest.approx(res.cost.seconds(profile, res.memory.host_temp_bytes))
 
 
+def test_on_a_gpu_target_autos_plans_compete_with_whole_segments_by_compiled_cost():
+  # XLA:GPU's compiled kernels rank `auto`'s plans otherwise than the
+  # simulated time does (bench/results/gpu_cost.md); building `fit` for a GPU
+  # target needs no CUDA plugin (tests/verify/test_gpu_targets.py compiles).
+  from jaxmem._src.planners.segments import segments
+  fitted = jaxmem.fit(0.5, target="gpu:h100")(lambda x: x)
+  assert fitted.backend == "xla" and fitted._prices_compiled
+  assert fitted._planner_groups()[0] == (None, segments)
+  assert not jaxmem.fit(0.5)(lambda x: x)._prices_compiled          # the CPU: simulated
+
+
 def test_the_smallest_peak_reported_for_a_tpu_target_is_reached_when_asked_for():
   # A 12-layer MLP whose rounds at 0.2 of its v5e peak reach a smaller peak
   # (126 MiB) than the budget-independent floor attempts: `fit` reports it

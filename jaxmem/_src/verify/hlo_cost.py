@@ -60,7 +60,6 @@ _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _WINDOW = re.compile(r"window=\{size=([\dx]+)")
 _LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
-_GROUPS = re.compile(r"feature_group_count=(\d+)")
 _CONTRACT = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_CONTRACT = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 
@@ -250,17 +249,20 @@ class _Module:
           k *= lhs.arrays[0].dims[int(d)]
       dtype = _MATMUL_DTYPE.get(lhs.arrays[0].dtype, "float32") if lhs and lhs.arrays else "float32"
       return 2.0 * out.elements * k, 0.0, dtype
-    if ins.opcode == "convolution" and out is not None:
-      return self._conv(ins, operand(1), out, operand(1), operand(0))
+    if ins.opcode == "convolution":
+      return self._conv(ins, out, _first(operand(1)))
     if ins.opcode == "custom-call":
       target = _TARGET.search(ins.attrs)
       name = target.group(1) if target else ""
-      if name.startswith("__cudnn$conv") and out is not None:
+      if name.startswith("__cudnn$conv"):
+        # The forward convolution's output and kernel: the result and operand 1
+        # forward; operand 0 (the output's gradient) and operand 1 backward to
+        # the input; operand 1 and the result backward to the filter.
         if "BackwardFilter" in name:
-          return self._conv(ins, None, _first(operand(1)), None, operand(0), kernel_array=out)
+          return self._conv(ins, _first(operand(1)), out)
         if "BackwardInput" in name:
-          return self._conv(ins, operand(1), _first(operand(0)), operand(1), None)
-        return self._conv(ins, operand(1), out, operand(1), operand(0))
+          return self._conv(ins, _first(operand(0)), _first(operand(1)))
+        return self._conv(ins, out, _first(operand(1)))
       if "gemm" in name or "matmul" in name:
         lhs = operand(0)
         contract = _GEMM_CONTRACT.search(ins.attrs)
@@ -279,20 +281,20 @@ class _Module:
       return 0.0, float(n), "float32"
     return 0.0, float(sum(a.elements for a in ins.arrays)), "float32"
 
-  def _conv(self, ins: _Instr, kernel: _Instr | None, fwd_out: Array | None,
-            _unused: _Instr | None, _input: _Instr | None, *,
-            kernel_array: Array | None = None) -> tuple[float, float, str]:
-    """2 FLOPs per multiply-add of the forward convolution: 2·|output|·|kernel| / out-features."""
-    karr = kernel_array if kernel_array is not None else _first(kernel)
-    if karr is None or fwd_out is None:
+  @staticmethod
+  def _conv(ins: _Instr, fwd_out: Array | None, kernel: Array | None) -> tuple[float, float, str]:
+    """2 FLOPs per multiply-add of the forward convolution: 2·|output|·|kernel| / out-features.
+
+    ``|kernel|`` already holds the in-features of one group, so a grouped
+    (depthwise) convolution needs no ``feature_group_count``.
+    """
+    if kernel is None or fwd_out is None:
       return 0.0, 0.0, "float32"
     labels = _LABELS.search(ins.attrs)
     o = labels.group(2).find("o") if labels else -1
-    out_features = karr.dims[o] if 0 <= o < len(karr.dims) else 1
-    groups = _GROUPS.search(ins.attrs)
-    del groups   # |kernel| already holds in-features per group
-    flops = 2.0 * fwd_out.elements * karr.elements / max(out_features, 1)
-    return flops, 0.0, _MATMUL_DTYPE.get(karr.dtype, "float32")
+    out_features = kernel.dims[o] if 0 <= o < len(kernel.dims) else 1
+    flops = 2.0 * fwd_out.elements * kernel.elements / max(out_features, 1)
+    return flops, 0.0, _MATMUL_DTYPE.get(kernel.dtype, "float32")
 
   # -- bytes of one kernel ----------------------------------------------------------------------
   def fusion_bytes(self, ins: _Instr, table: dict[str, _Instr]) -> float:
