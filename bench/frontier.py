@@ -125,7 +125,12 @@ def run_model(name: str, quick: bool) -> list[dict]:
 
 def render(res: dict) -> list[str]:
   m = res["meta"]
-  lines = [f"`python bench/frontier.py` at {m['commit']} (jax {m['jax']}, {m['date']}"
+  runs = m.get("runs") or {}
+  at = (f"at {m['commit']} (jax {m['jax']}, {m['date']}" if len(
+      {(r["commit"], r["date"]) for r in runs.values()}) <= 1 else
+      "(" + "; ".join(f"{n}: {r['commit']}, {r['date']}" for n, r in runs.items())
+      + f"; jax {m['jax']}")
+  lines = [f"`python bench/frontier.py` {at}"
            f"{', quick' if m['quick'] else ''}): every figure estimated and simulated, nothing "
            "compiled. A policy is JAX's, applied per block by hand; `auto` is asked for that "
            "policy's estimated peak and *dominates* it when it fits at no more simulated time.",
@@ -199,6 +204,8 @@ def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--quick", action="store_true", help="small sizes, MLP and GPT only")
   ap.add_argument("--models", default=None, help="comma-separated subset of " + ",".join(MODELS))
+  ap.add_argument("--merge", action="store_true",
+                  help="replace only these models' rows of bench/results/frontier.json")
   a = ap.parse_args()
   names = a.models.split(",") if a.models else (["mlp", "gpt"] if a.quick else list(MODELS))
   for n in names:
@@ -209,8 +216,19 @@ def main() -> None:
   rows = []
   for n in names:
     rows += run_model(n, a.quick)
-  res = dict(meta=dict(commit=started, jax=jax.__version__, date=time.strftime("%Y-%m-%d %H:%M"),
-                       quick=a.quick, devices=list(DEVICES), wall_s=time.perf_counter() - t0),
+  date = time.strftime("%Y-%m-%d %H:%M")
+  runs = {n: dict(commit=started, date=date) for n in names}
+  if a.merge:
+    old = json.loads((RESULTS / "frontier.json").read_text())
+    kept = [r for r in old["rows"] if r["model"] not in names]
+    runs = {**{n: dict(commit=old["meta"]["commit"], date=old["meta"]["date"])
+               for n in dict.fromkeys(r["model"] for r in kept)},
+            **old["meta"].get("runs", {}), **runs}
+    order = list(MODELS)
+    rows = sorted(kept + rows, key=lambda r: order.index(r["model"]))
+  res = dict(meta=dict(commit=started, jax=jax.__version__, date=date, quick=a.quick,
+                       devices=list(DEVICES), wall_s=time.perf_counter() - t0,
+                       runs={n: runs[n] for n in dict.fromkeys(r["model"] for r in rows)}),
              rows=rows)
   (RESULTS / "frontier.json").write_text(json.dumps(res, indent=1))
   write(res)

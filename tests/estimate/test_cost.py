@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -126,3 +128,23 @@ def test_a_body_moves_the_bytes_of_its_stored_values_only():
     return jax.lax.scan(lambda c, _: (jnp.tanh(jnp.sin(c)), None), c, None, length=3)[0]
   (scan,) = [e for e in jax.make_jaxpr(scanned)(x).eqns if e.primitive.name == "scan"]
   assert cost.eqn_accessed(scan) == 3 * 2 * nbytes
+
+
+def test_what_a_convolution_reads_in_a_body_is_stored_unless_the_compiler_fuses_it():
+  """A ReLU feeding a convolution inside a checkpoint body: XLA:GPU's cuDNN call
+  reads it from memory, XLA:TPU computes it inside its convolution fusion."""
+  img, k = jnp.ones((8, 64, 64, 32)), jnp.ones((3, 3, 32, 32))
+
+  def block(img):
+    return jax.lax.conv_general_dilated(jnp.maximum(img * 2.0, 0.0), k, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  eqn = _checkpoint_eqn(block, img)
+  gpu = devices.device_profile("h100-sxm")
+  assert not gpu.fuses_into_convolutions and devices.device_profile("tpu-v5e").fuses_into_convolutions
+  fused = dataclasses.replace(gpu, fuses_into_convolutions=True)
+  # The ReLU's result is written and read once more when it is stored.
+  extra = 2 * img.size * 4 / gpu.stream_bytes_per_s
+  assert cost.eqn_seconds(eqn, gpu) - cost.eqn_seconds(eqn, fused) == pytest.approx(
+      extra + gpu.op_overhead_s, rel=0.05)
+  # Bytes accessed stay XLA:TPU's count (what `bench/compiled_traffic.py` compares with).
+  assert cost.eqn_accessed(eqn) == cost.eqn_accessed(eqn, fused=False)

@@ -61,30 +61,43 @@ def eqn_bytes(eqn: _compat.JaxprEqn) -> float:
 _FUSED_IN_BODIES = (Fusion.CHEAP, Fusion.EXPENSIVE, Fusion.VIEW)
 
 
-def _body_fused(j: _compat.Jaxpr) -> list[bool]:
+_CONVOLUTIONS = frozenset({"conv_general_dilated"})
+
+
+def _body_fused(j: _compat.Jaxpr, conv_inputs_stored: bool = False) -> list[bool]:
   """Per equation of a body, whether it is priced as fused into its readers.
 
   An elementwise or view result read only inside the body is fused; the
   body's results are stored; a nested body (a ``jit`` call, a
-  ``custom_jvp``) is priced as a body of its own. This is more fusion than
-  the estimate's top-level model grants the same equations (it stores an
-  elementwise value that a reduction shares with other readers, and what a
-  convolution reads), and it is kept because the measurements favour it:
-  on an H200 (``bench/cost_calibration.py``), per-block policies over plain
-  ``jax.jit`` measured 1.25x/1.15x (GPT, ``nothing_saveable``/
-  ``dots_saveable``, busy time) and 1.13x/1.06x (ResNet-18, waited step
-  time), priced 1.22x/1.22x and 1.11x/1.07x by this rule. Bodies priced by
-  the top-level rules (views as aliases, calls inlined, what a convolution
-  reads stored) gave 1.04x/1.04x and 1.15x/1.11x; with the top-level
-  reduction rule as well, 1.35x/1.31x on the ResNet-18.
+  ``custom_jvp``) is priced as a body of its own. With
+  ``conv_inputs_stored`` a result a convolution reads is stored too: XLA:GPU
+  hands convolutions to cuDNN and XLA:CPU to its library, neither of which
+  takes a fused producer (:attr:`DeviceProfile.fuses_into_convolutions` is
+  False); XLA:TPU fuses them. This is more fusion than the estimate's
+  top-level model grants the same equations (it stores an elementwise value
+  that a reduction shares with other readers), and it is kept because the
+  measurements favour it: on an H200 (``bench/cost_calibration.py``),
+  per-block policies over plain ``jax.jit`` measured 1.25x/1.15x (GPT,
+  ``nothing_saveable``/``dots_saveable``, busy time), priced 1.22x/1.22x
+  by this rule and 1.04x/1.04x by the top-level rules. What a convolution
+  reads is stored since XLA:GPU's compiled programs were priced kernel by
+  kernel (``bench/results/gpu_cost.md``): per-block ``nothing_saveable`` at
+  1.25x of ``jax.jit``'s roofline time on ResNet-18 and ResNet-50, which
+  this rule prices at 1.21x and 1.23x, and fusing convolution inputs at
+  1.11x and 1.08x (``docs/design.md``, "The compiled program's cost on a
+  GPU").
   """
   outs = {id(v) for v in j.outvars}
+  conv_read: set[int] = set()
+  if conv_inputs_stored:
+    conv_read = {id(v) for e in j.eqns if e.primitive.name in _CONVOLUTIONS
+                 for v in e.invars if not isinstance(v, _compat.Literal)}
   return [primitives.eqn_facts(e).fusion in _FUSED_IN_BODIES
-          and not any(id(v) in outs for v in e.outvars) for e in j.eqns]
+          and not any(id(v) in outs or id(v) in conv_read for v in e.outvars) for e in j.eqns]
 
 
-def _over_body(eqn: _compat.JaxprEqn,
-               price: Callable[[_compat.JaxprEqn, bool], float]) -> float | None:
+def _over_body(eqn: _compat.JaxprEqn, price: Callable[[_compat.JaxprEqn, bool], float],
+               conv_inputs_stored: bool = False) -> float | None:
   """``price(e, fused)`` summed over the equations of ``eqn``'s body, fused as
   :func:`_body_fused` says (a loop body times its trip count, the slowest
   ``cond`` branch); ``None`` for an op without a body."""
@@ -93,7 +106,8 @@ def _over_body(eqn: _compat.JaxprEqn,
   subs = _compat.sub_jaxprs(eqn)
   if not subs:
     return None
-  per_body = [sum(price(e, f) for e, f in zip(j.eqns, _body_fused(j))) for j in subs]
+  per_body = [sum(price(e, f) for e, f in zip(j.eqns, _body_fused(j, conv_inputs_stored)))
+              for j in subs]
   name = eqn.primitive.name
   if name == "cond":
     return max(per_body)            # one branch runs; price the slowest
@@ -103,7 +117,8 @@ def _over_body(eqn: _compat.JaxprEqn,
 
 def _body_seconds(eqn: _compat.JaxprEqn, profile: DeviceProfile) -> float | None:
   """Time of an op with a body (scan, remat, cond...): its equations' times, ``None`` otherwise."""
-  return _over_body(eqn, lambda e, f: eqn_seconds(e, profile, fused=f))
+  return _over_body(eqn, lambda e, f: eqn_seconds(e, profile, fused=f),
+                    conv_inputs_stored=not profile.fuses_into_convolutions)
 
 
 def eqn_accessed(eqn: _compat.JaxprEqn, *, fused: bool = False) -> float:

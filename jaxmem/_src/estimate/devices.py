@@ -121,6 +121,12 @@ class DeviceProfile:
     source: where the figures come from.
     efficiency: what fraction of each rate an op class achieves
       (:class:`Efficiency`; the default says the rates are achieved rates).
+    fuses_into_convolutions: the compiler computes an elementwise producer
+      (a BatchNorm's scale and shift, a ReLU) inside the convolution that
+      reads it, so a ``jax.checkpoint`` body is priced with it fused
+      (XLA:TPU's convolution fusions). False: the convolution reads it from
+      memory (XLA:GPU's cuDNN calls and XLA:CPU's library calls take no
+      fused producers; ``cost._body_fused``).
   """
   name: str
   flops_per_s: float
@@ -133,6 +139,7 @@ class DeviceProfile:
   duplex: bool = True
   source: str = ""
   efficiency: Efficiency = Efficiency()
+  fuses_into_convolutions: bool = False
 
   def __post_init__(self) -> None:
     if isinstance(self.efficiency, Mapping):     # read back from JSON (calibrate_cpu's cache)
@@ -233,16 +240,16 @@ PROFILES: Mapping[str, DeviceProfile] = MappingProxyType({
     # which bench/results records beside every simulated figure.
     "tpu-v4": DeviceProfile("tpu-v4", 275e12, 32e9, 275e12, None, 1200e9, 32 * _GiB,
                             1e-6, True, "Cloud TPU v4 (275 TFLOP/s bf16, 32 GiB, 1200 GB/s); "
-                            "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY),
+                            "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY, True),
     "tpu-v5e": DeviceProfile("tpu-v5e", 197e12, 32e9, 197e12, None, 819e9, 16 * _GiB,
                              1e-6, True, "Cloud TPU v5e (197 TFLOP/s bf16, 16 GiB, 819 GB/s); "
-                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY),
+                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY, True),
     "tpu-v5p": DeviceProfile("tpu-v5p", 459e12, 32e9, 459e12, None, 2765e9, 95 * _GiB,
                              1e-6, True, "Cloud TPU v5p (459 TFLOP/s bf16, 95 GiB, 2765 GB/s); "
-                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY),
+                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY, True),
     "tpu-v6e": DeviceProfile("tpu-v6e", 918e12, 32e9, 918e12, None, 1640e9, 32 * _GiB,
                              1e-6, True, "Cloud TPU v6e (918 TFLOP/s bf16, 32 GiB, 1640 GB/s); "
-                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY),
+                             "host link assumed PCIe Gen4 x16", TPU_EFFICIENCY, True),
     # Not a device: every FLOP at one rate (1 TFLOP/s, matmul or elementwise,
     # as XLA's `cost_analysis()["flops"]` counts them) and memory traffic free,
     # so a plan's simulated overhead is its extra FLOPs. For targets whose
