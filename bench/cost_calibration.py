@@ -216,6 +216,22 @@ def main() -> None:
   write_report("cost_calibration", lines, "\n".join(lines[2:]))
 
 
+def _waited_deltas(res: dict) -> str:
+  """The waited rows' extra milliseconds over `jax.jit`, measured and compiled, from gpu_cost.json."""
+  path = RESULTS / "gpu_cost.json"
+  if not path.exists():
+    return ""
+  val = json.loads(path.read_text())["validation"]
+  parts = []
+  for w in res["waited"]:
+    row = next((r for r in val if (r["model"], r["method"]) == (w["model"], w["method"])), None)
+    jit = next((r for r in val if (r["model"], r["method"]) == (w["model"], "jit")), None)
+    if row and jit:
+      parts.append(f"{w['model']} {w['method']}: {row['measured_ms'] - jit['measured_ms']:+.2f} ms "
+                   f"measured, {(row['seconds'] - jit['seconds']) * 1e3:+.2f} ms priced")
+  return " (" + "; ".join(parts) + ")" if parts else ""
+
+
 def render(res: dict) -> list[str]:
   m = res["meta"]
   pub = m["published"]
@@ -257,6 +273,9 @@ def render(res: dict) -> list[str]:
       lines.append(f"| {w['model']} | {w['method']} | {w['measured_ratio']:.3f} | "
                    f"{w['simulated_ratio']:.3f} | "
                    f"{w['simulated_ratio'] / w['measured_ratio'] - 1:+.1%} |")
+    lines += ["", "A waited step time carries the host's dispatch, so these ratios understate "
+              "the GPU's; `bench/results/gpu_cost.md` compares the extra milliseconds over "
+              "`jax.jit` with XLA:GPU's compiled kernels instead" + _waited_deltas(res) + "."]
   lines += ["", "Out of sample (fitted on the other model, error of the absolute time on this "
             "one):", ""]
   for held, o in m["out_of_sample"].items():

@@ -81,8 +81,9 @@ class FitResult:
     unplanned_cost: the same for plain ``jax.jit``.
     compared: the fitting plans the kept one was chosen from, as
       ``(planner, compiled peak bytes, price in seconds)``: on a TPU target
-      the whole-segment and the selective planners' plans compete, and the
-      one whose compiled program costs least is kept
+      the whole-segment and the selective planners' plans compete, on a GPU
+      target `auto`'s and the whole-segment planner's, and the one whose
+      compiled program costs least is kept
       (:meth:`CompiledCost.seconds` on the device profile: XLA:TPU's counts
       on a TPU, the compiled kernels' roofline on a GPU; the simulated step
       time on the CPU). Empty when one plan fitted.
