@@ -17,7 +17,7 @@ import jax
 
 from jaxmem._src.base.errors import format_bytes
 from jaxmem._src.estimate.devices import DeviceProfile
-from jaxmem._src.verify.hlo_cost import KernelCost, hlo_kernels
+from jaxmem._src.verify.hlo_cost import ITEM_BYTES, KernelCost, hlo_kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +165,6 @@ class CollectiveBuffers:
     return f"{self.op} {self.type_str} ({format_bytes(self.nbytes)}){times}"
 
 
-_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _COLLECTIVE = re.compile(
     r"= (\(?[^=]*?\)?) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
     r"(?:-start)?\(")
@@ -188,9 +186,9 @@ def collective_buffers(compiled: jax.stages.Compiled) -> tuple[CollectiveBuffers
       continue
     best = ("", 0)
     for dtype, dims in _ARRAY.findall(m.group(1)):
-      if dtype not in _ITEM_BYTES:
+      if dtype not in ITEM_BYTES:
         continue
-      n = _ITEM_BYTES[dtype]
+      n = ITEM_BYTES[dtype]
       for d in filter(None, dims.split(",")):
         n *= int(d)
       if n > best[1]:

@@ -46,7 +46,7 @@ from collections.abc import Iterator
 
 from jaxmem._src.estimate.devices import DeviceProfile
 
-_ITEM_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+ITEM_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
                "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "token": 0}
 _MATMUL_DTYPE = {"bf16": "bfloat16", "f16": "float16"}
@@ -58,7 +58,6 @@ _CALLEE = re.compile(r"\b(calls|to_apply|body|condition)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_WINDOW = re.compile(r"window=\{size=([\dx]+)")
 _LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _CONTRACT = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_CONTRACT = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
@@ -89,7 +88,7 @@ class Array:
 
   @property
   def nbytes(self) -> int:
-    return self.elements * _ITEM_BYTES.get(self.dtype, 4)
+    return self.elements * ITEM_BYTES.get(self.dtype, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +158,7 @@ def _split_type(text: str) -> tuple[str, str]:
 def _arrays(type_text: str) -> tuple[Array, ...]:
   out = []
   for dtype, dims, layout in _ARRAY.findall(type_text):
-    if dtype not in _ITEM_BYTES:
+    if dtype not in ITEM_BYTES:
       continue
     shape = tuple(int(d) for d in dims.split(",") if d)
     out.append(Array(dtype, shape, host="S(5)" in (layout or "")))
