@@ -34,11 +34,12 @@ from jaxmem._src.planners.protocol import Planner
 from jaxmem._src.lower.backend import BACKENDS
 from jaxmem._src.planners.registry import PLANNERS, get_planner
 from jaxmem._src.verify.compiled import CompiledCost, CompiledMemory, compiled_cost, compiled_memory
+from jaxmem._src.verify.hlo_cost import KernelCost
 
 __all__ = [
     "Action", "ArenaStats", "BACKENDS", "Block", "BudgetError", "BudgetSpec", "Comparison", "CompiledCost", "CompiledMemory",
     "Decision", "DeviceProfile", "DqnDiagnostics", "DqnWeights", "Efficiency", "FitResult", "Fitted", "HostArena", "JaxmemError",
-    "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "PolicyExport", "Profile", "Program", "Role",
+    "KernelCost", "MaxBatchResult", "Op", "PLANNERS", "Plan", "Planner", "PolicyExport", "Profile", "Program", "Role",
     "Schedule", "Simulation", "Target", "VarInfo", "analyze", "compare", "compiled_cost", "compiled_memory",
     "device_profile", "dsa", "fit", "format_bytes", "get_planner", "get_target", "max_batch", "native",
     "parse_budget", "plan", "policy", "residual_actions", "simulate", "train_dqn",

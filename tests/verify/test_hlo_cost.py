@@ -132,3 +132,10 @@ def test_xla_gpu_kernels_convolutions_gemms_and_host_copies():
 def test_text_without_an_entry_computation_is_refused():
   with pytest.raises(ValueError, match="ENTRY"):
     hlo_kernels("HloModule m\n")
+
+
+def test_the_docstring_example_runs():
+  import doctest
+  from jaxmem._src.verify import hlo_cost
+  result = doctest.testmod(hlo_cost, optionflags=doctest.ELLIPSIS)
+  assert result.attempted >= 3 and result.failed == 0
