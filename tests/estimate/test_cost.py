@@ -148,3 +148,29 @@ def test_what_a_convolution_reads_in_a_body_is_stored_unless_the_compiler_fuses_
       extra + gpu.op_overhead_s, rel=0.05)
   # Bytes accessed stay XLA:TPU's count (what `bench/compiled_traffic.py` compares with).
   assert cost.eqn_accessed(eqn) == cost.eqn_accessed(eqn, fused=False)
+
+
+def test_a_convolution_epilogue_is_fused_but_a_batchnorm_between_convolutions_is_stored():
+  """conv -> + bias -> ReLU -> conv: the ReLU is computed in the first convolution's
+  cuDNN call (priced fused); conv -> BatchNorm -> ReLU -> conv: the normalisation
+  reads a reduction of the convolution's output, so it is a kernel of its own."""
+  img, k = jnp.ones((8, 32, 32, 16)), jnp.ones((3, 3, 16, 16))
+  bias = jnp.ones((16,))
+
+  def conv(x):
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+  def with_bias(x):
+    return conv(jnp.maximum(conv(x) + bias, 0.0))
+
+  def with_norm(x):
+    y = conv(x)
+    return conv(jnp.maximum((y - y.mean((0, 1, 2))) * bias, 0.0))
+  gpu = devices.device_profile("h100-sxm")
+  fused = dataclasses.replace(gpu, fuses_into_convolutions=True)
+  for f, extra_kernels in ((with_bias, 0), (with_norm, 1)):
+    eqn = _checkpoint_eqn(f, img)
+    gap = cost.eqn_seconds(eqn, gpu) - cost.eqn_seconds(eqn, fused)
+    assert gap == pytest.approx(extra_kernels * (2 * img.size * 4 / gpu.stream_bytes_per_s
+                                                 + gpu.op_overhead_s), rel=0.05, abs=1e-9)
