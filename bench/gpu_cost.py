@@ -302,13 +302,13 @@ def markdown(val: list[dict[str, Any]], front: list[dict[str, Any]], meta: dict[
                f"| {r['seconds'] * 1e3:.2f} | {r['time_ratio']:.3f} | {r['flops_ratio']:.3f} | "
                f"{r['bytes_ratio']:.3f} | {r.get('planner', '-')} | {dom} |")
   pol = [r for r in front if r["method"].startswith("policy:") and r.get("peak_ratio", 1) < 1]
-  out += _body_rule_lines(body or [], meta)
   out += ["", f"* `fit` dominates {sum(r.get('dominated', False) for r in pol)} of {len(pol)} "
           "policy points that lower the peak, on the compiled program."]
   for r in front:
     if r["method"] == "fit(0.5)" and "seconds" in r:
       out.append(f"* {r['model']} at 0.5: `fit` compiles to {r['peak_ratio']:.2f} of `jax.jit`'s "
                  f"peak at {pct(r['time_ratio'])} roofline time.")
+  out += _body_rule_lines(body or [], meta)
   return out
 
 

@@ -86,7 +86,7 @@ def _body_fused(j: _compat.Jaxpr, conv_inputs_stored: bool = False) -> list[bool
   ``nothing_saveable`` and ``dots_saveable`` on ResNet-18, ResNet-50, VGG-16,
   a UNet and DenseNet-121, this rule is within 10% of the compiled roofline's
   ratio to ``jax.jit`` on all 10 (mean |error| 6.1%), fusing convolution
-  inputs on 7 (mean 6.5%, and 9-14% under on the four BatchNorm ones)
+  inputs on 7 (mean 6.2%, and up to 14% under on the BatchNorm ones)
   (``docs/design.md``, "The cost model every planner prices with").
   """
   outs = {id(v) for v in j.outvars}
