@@ -320,15 +320,18 @@ def test_checkpoint_offloads_are_only_added_when_remat_does_not_fit(chain):
 
 
 def test_auto_keeps_pins_only_where_they_pay(resnet18):
-  """The winner's decisions are also tried without Layrub's pins, and the faster fitting one kept."""
+  """Every fitting plan's decisions are also tried without Layrub's pins, and the fastest kept."""
   budget = int(0.5 * resnet18.peak_bytes)
   # Without `selective`, which plans without pins from the start (it wins
   # here), so that the winner is a pinned plan.
   pinned_planners = tuple(p for p in auto_mod.FAST if p != "selective")
   plan = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie", planners=pinned_planners)
   rows = plan.diagnostic(AutoDiagnostics).rows
-  unpinned_rows = [r for r in rows if r[0].endswith("/unpinned")]
-  assert len(unpinned_rows) == 1
+  unpinned_rows = {r[0] for r in rows if r[0].endswith("/unpinned")}
+  fitting = {r[0] for r in rows if r[1] <= budget and not r[0].endswith("/unpinned")}
+  assert unpinned_rows <= {f"{name}/unpinned" for name in fitting}
+  # Not only the fastest: here several pinned plans fit (segments, vDNN, the window...).
+  assert len(unpinned_rows) >= 2
   winner = min((r for r in rows if r[1] <= budget), key=lambda r: r[2])
   assert plan.planner == f"auto({winner[0]})"
   bare = auto_mod.unpinned(plan, budget)
