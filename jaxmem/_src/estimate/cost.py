@@ -130,12 +130,9 @@ def _stored_convolution_inputs(j: _compat.Jaxpr) -> set[int]:
         (c,) = convs
         if all(id(v) in epilogue_of or c not in depends.get(id(v), frozenset()) for v in ins):
           epilogue_of.update((id(v), c) for v in e.outvars)
-  return {v for v in read if v not in epilogue_of or _is_conv_output(j, v)}
-
-
-def _is_conv_output(j: _compat.Jaxpr, var_id: int) -> bool:
-  return any(id(v) == var_id for e in j.eqns if e.primitive.name in _CONVOLUTIONS
-             for v in e.outvars)
+  # (A convolution's own output read by another is in `epilogue_of` but is
+  # never priced fused: a convolution is materialized.)
+  return {v for v in read if v not in epilogue_of}
 
 
 def _over_body(eqn: _compat.JaxprEqn, price: Callable[[_compat.JaxprEqn, bool], float],
