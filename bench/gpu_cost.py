@@ -112,16 +112,18 @@ def validate() -> list[dict[str, Any]]:
 
 
 def build(name: str, policy: str | None) -> tuple[Any, tuple[Any, ...], tuple[int, ...]]:
-  if name == "resnet50":
-    import resnet
-    step, args = resnet.build(batch_size=64, depth=50, image_size=224, abstract=True,
-                              remat_policy=policy)
-    return step, args, (0, 1, 2)
-  step, args = gpu_bench.build(gpu_bench.MODELS[name], policy)
-  return step, args, ()
+  """A measured step of ``bench/gpu_bench.py``, or a frontier model (state donated)."""
+  if name in gpu_bench.MODELS:
+    step, args = gpu_bench.build(gpu_bench.MODELS[name], policy)
+    return step, args, ()
+  import importlib
 
+  import frontier as frontier_bench
+  _, mod, kw = frontier_bench.MODELS[name]
+  step, args = importlib.import_module(mod).build(
+      **kw, **({"remat_policy": policy} if policy else {}))
+  return step, args, (0, 1, 2)
 
-LABELS = {"resnet50": "ResNet-50, 224x224, batch 64, SGD momentum, state donated"}
 BODY_MODELS = ("resnet18", "resnet50", "vgg16", "unet", "densenet")
 
 
@@ -135,28 +137,19 @@ def body_rule() -> list[dict[str, Any]]:
   the third column.
   """
   import dataclasses
-  import importlib
 
-  import frontier
   from jaxmem._src.estimate.analysis import analyze_program
   from jaxmem._src.ir.trace import trace
   from jaxmem._src.plan.simulate import program_time
   target = get_target(TARGET)
   rows = []
   for name in BODY_MODELS:
-    if name == "resnet18":
-      profile = jaxmem.device_profile("h200")
-    else:
-      profile = jaxmem.device_profile("h100-sxm")
-      _, mod, kw = frontier.MODELS[name]
-      module = importlib.import_module(mod)
+    # ResNet-18 at the H200's size and on its profile; the others at the frontier's.
+    profile = jaxmem.device_profile("h200" if name in gpu_bench.MODELS else "h100-sxm")
     fused = dataclasses.replace(profile, fuses_into_convolutions=True)
     base = None
     for policy in (None, "nothing_saveable", "dots_saveable"):
-      if name == "resnet18":
-        step, args = gpu_bench.build(gpu_bench.MODELS[name], policy)
-      else:
-        step, args = module.build(**kw, **({"remat_policy": policy} if policy else {}))
+      step, args, _ = build(name, policy)
       shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
       prog = jaxmem.Program.of(analyze_program(trace(step, shapes, backend="gpu")))
       compiled = jax.jit(step).lower(*target.place(shapes)).compile()

@@ -77,7 +77,7 @@ class CompiledCost:
     longer of its compute and memory time, plus a launch
     (:meth:`KernelCost.seconds`; host copies included). Measured against an
     H200's busy time (``bench/results/gpu_cost.md``), its ratios of JAX's
-    policies to plain ``jax.jit`` on the GPT were within 0.3% of the
+    policies to plain ``jax.jit`` on the GPT were within 0.2% of the
     measured ones. Without kernels, FLOPs at the profile's achieved matmul
     rate plus bytes at its achieved memory bandwidth (a sum, not a maximum:
     ``cost_analysis()`` gives whole-program totals, so which ops are bound by
