@@ -203,7 +203,7 @@ def test_planners_run_without_the_cycle_collector_and_leave_it_as_they_found_it(
   monkeypatch.setattr(Schedule, "profile", spy)
   # (The program caches its greedy plans and schedules: an earlier test's
   # plan would be returned without estimating anything.)
-  for cache in ("_greedy_plans", "_recent_schedules"):
+  for cache in ("_greedy_plans", "_recent_schedules", "_estimated_peaks", "_prefix_peaks"):
     prog.__dict__.pop(cache, None)
   planner = jaxmem.get_planner(name)
   assert gc.isenabled()
@@ -230,6 +230,30 @@ def test_greedy_searches_each_plan_once_per_program(mlp_program):
   assert greedy(prog, budget - 1, "h100-pcie") is not first
   assert greedy(prog, budget, "cpu") is not first
   assert greedy(prog, budget, "h100-pcie", copies="async") is not first
+
+
+def test_finish_estimates_each_plan_once_per_program(mlp_program, monkeypatch):
+  """`finish` remembers the estimated peaks it priced: the same decisions and
+  pins for another budget are not estimated again (a remat-only plan's peak
+  does not depend on the budget), and the remembered peak is the estimate's."""
+  from jaxmem._src.plan import schedule as schedule_mod
+  prog, _, _ = mlp_program
+  plan = jaxmem.get_planner("greedy")(prog, int(prog.peak_bytes * 0.6), "h100-pcie",
+                                      allow_offload=False)
+  assert plan.num_remat and not plan.num_offload
+  estimates = []
+  profile = schedule_mod.Schedule._profile
+  monkeypatch.setattr(schedule_mod.Schedule, "_profile",
+                      lambda self: estimates.append(1) or profile(self))
+  peaks = {common.finish(prog, plan.decisions, budget, "again", plan.pinned,
+                         copies=copies).estimated_peak_bytes
+           for budget in (plan.target_bytes, plan.target_bytes // 2)
+           for copies in ("sync", "async")}
+  assert peaks == {plan.estimated_peak_bytes} and not estimates
+  # Built anew, the schedule estimates the same peak.
+  monkeypatch.setattr(schedule_mod.Schedule, "_profile", profile)
+  fresh = schedule_mod._build_sync(prog, plan.decisions, plan.pinned)
+  assert fresh.profile().peak_bytes == plan.estimated_peak_bytes
 
 
 def _two_layer_tanh_mlp() -> jaxmem.Program:

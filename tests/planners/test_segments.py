@@ -182,7 +182,8 @@ def test_auto_skips_offloading_that_cannot_win():
   plan = jaxmem.get_planner("auto")(prog, prog.peak_bytes // 2, "h100-pcie")
   assert plan.estimated_peak_bytes <= prog.peak_bytes // 2
   skipped = plan.diagnostic(AutoDiagnostics).skipped
-  assert {name for name, _ in skipped} == set(auto_mod.OFFLOAD_ONLY)
+  assert {name for name, _ in skipped} - {"segments"} == set(auto_mod.OFFLOAD_ONLY)
+  assert not set(auto_mod.OFFLOAD_ONLY) & {row[0] for row in plan.diagnostic(AutoDiagnostics).rows}
 
 
 def test_segments_within_a_cap_finds_no_costlier_plan(resnet18):
@@ -353,3 +354,28 @@ def test_the_unpinned_segment_search_estimates_every_prefix_without_pins(resnet1
   rows = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie").diagnostic(
       AutoDiagnostics).rows
   assert "segments(unpinned)" in [r[0] for r in rows]
+
+
+def test_segmentations_are_cut_once_per_program_and_device(resnet18):
+  """`auto` asks for the same segmentations three times; they are cut once, and
+  a caller editing the returned list does not change what the next one gets."""
+  first = segments_mod.segmentations(resnet18, "h100-pcie")
+  first.append([])
+  again = segments_mod.segmentations(resnet18, "h100-pcie")
+  assert again == first[:-1] and all(segs for segs in again)
+  assert segments_mod.segmentations(resnet18, "h100-pcie", group=2) != again
+
+
+def test_auto_searches_pinned_segments_only_where_the_unpinned_search_misses(resnet18):
+  """Where the unpinned segment search fits, the pinned one is not run: its plan
+  would be the same decisions with pins, which `auto` only keeps where they pay."""
+  budget = int(0.6 * resnet18.peak_bytes)
+  plan = jaxmem.get_planner("auto")(resnet18, budget, "h100-pcie")
+  report = plan.diagnostic(AutoDiagnostics)
+  names = [r[0] for r in report.rows]
+  assert "segments(unpinned)" in names and "segments" not in names
+  assert ("segments", "pinned: the unpinned segment search fits") in report.skipped
+  pinned = segments_mod.segments_within(resnet18, budget, "h100-pcie", float("inf"))
+  assert pinned is not None and pinned.estimated_peak_bytes <= budget
+  assert (jaxmem.simulate(plan, "h100-pcie").step_time_s
+          <= jaxmem.simulate(pinned, "h100-pcie").step_time_s)

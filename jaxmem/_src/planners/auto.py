@@ -182,26 +182,43 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
       # Only segment plans that can be faster than the best one are searched.
       # (Twice its overhead: segments price a recomputation as the unplanned
       # program's ops, the simulator as the plan fuses them, which measured
-      # up to 5% less on ResNet-18.)
-      found = segments_within(program, budget_bytes, device, 2.0 * (best[0] - base),
-                              copies=copies, window=window)
+      # up to 5% less on ResNet-18.) Every prefix is estimated without
+      # Layrub's pins first: a pinned search ranks prefixes by what fits with
+      # the pins, and its winner, unpinned afterwards, may no longer fit where
+      # a longer unpinned prefix would, faster (ResNet-50 at 0.9 of its peak
+      # on an H100: +19.2% pinned, while the unpinned plan for 0.7 fits 0.9
+      # at +10.5%). The pinned search runs only where that finds no fitting
+      # plan: on the 224 points of `bench/frontier.py` its plan won none
+      # where the unpinned one fits (it did where nothing fits: filled by
+      # greedy, then unpinned), and it cost ResNet-50 at half its peak 14 of
+      # `auto`'s 50 schedule estimates.
+      cap = 2.0 * (best[0] - base)
+      found = segments_within(program, budget_bytes, device, cap, copies=copies,
+                              window=window, pinned=False)
+      if found is not None:
+        consider(found)
+        if found.estimated_peak_bytes <= budget_bytes:
+          skipped.append((name, "pinned: the unpinned segment search fits"))
+          continue
+      found = segments_within(program, budget_bytes, device, cap, copies=copies, window=window)
       if found is None:
         skipped.append((name, f"its least recomputation >= 2x best +{best[0] / base - 1.0:.0%}"))
         continue
       plan = found
     else:
       plan = CANDIDATES[name](program, budget_bytes, device, copies=copies, window=window)
+      if name == "segments":
+        # No fitting plan before it (greedy's was over the budget): the
+        # pinned search ran uncapped, filled by greedy; the unpinned one
+        # follows, capped by it where it fits.
+        consider(plan)
+        if best is not None and best[0] < float("inf") and base > 0:
+          found = segments_within(program, budget_bytes, device, 2.0 * (best[0] - base),
+                                  copies=copies, window=window, pinned=False)
+          if found is not None:
+            consider(found)
+        continue
     consider(plan)
-  if "segments" in planners and best is not None and best[0] < float("inf") and base > 0:
-    # The segment search again, every prefix estimated without Layrub's pins:
-    # the pinned search ranks prefixes by what fits with the pins, and its
-    # winner, unpinned afterwards, may no longer fit where a longer unpinned
-    # prefix would, faster (ResNet-50 at 0.9 of its peak on an H100:
-    # +19.2% pinned, while the unpinned plan for 0.7 fits 0.9 at +10.5%).
-    found = segments_within(program, budget_bytes, device, 2.0 * (best[0] - base),
-                            copies=copies, window=window, pinned=False)
-    if found is not None:
-      consider(found)
   if selective_last:
     finite = best is not None and best[0] < float("inf") and base > 0
     consider(selective(program, budget_bytes, device, copies=copies, window=window,

@@ -254,8 +254,33 @@ def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes
   pinned = pins(program) if pinned is None else tuple(pinned)
   plan = Plan(program, decisions, int(budget_bytes), 0, program.profile.peak_bytes, name, pinned,
               copies, window)
-  peak = plan.schedule().profile().peak_bytes
+  # What the estimated peak depends on: the decisions and pins, and for a
+  # plan with copies how they are scheduled (asynchronous windows depend on
+  # the budget); a remat-only plan's schedule is the same in either mode.
+  offloads = any(d.action is Action.OFFLOAD for d in decisions)
+  key = (decisions, pinned, *((copies, window, budget_bytes if copies == "async" else None)
+                              if offloads else ()))
+  memo = program.__dict__.get("_estimated_peaks")
+  if memo is None:
+    memo = {}
+    object.__setattr__(program, "_estimated_peaks", memo)
+  peak = memo.get(key)
+  if peak is None:
+    peak = plan.schedule().profile().peak_bytes
+    if len(memo) >= _ESTIMATED_PEAKS:
+      memo.pop(next(iter(memo)))
+    memo[key] = peak
   return plan.replace(estimated_peak_bytes=peak)
+
+
+# Estimated peaks of the plans `finish` priced, per program, by what their
+# schedule is built from (an int each, unlike the schedules
+# `build_schedule` keeps, the last 16 of a few MiB each). The searches
+# estimate the same plans again: `auto`'s pinned and unpinned segment
+# searches both estimate every segmentation's whole prefix, where no pin is
+# left (ResNet-50 at half its peak: 5 of their 30 estimates), and `fit`
+# plans the same program for several targets. Oldest out first.
+_ESTIMATED_PEAKS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
