@@ -90,6 +90,7 @@ NB_MODULE(_native, m) {
   jaxmem::RegisterStoreBindings(m);
   jaxmem::RegisterCopyEngineBindings(m);
   jaxmem::RegisterDsaBindings(m);
+  jaxmem::RegisterLifetimesBindings(m);
   jaxmem::RegisterArenaBindings(m);
   jaxmem::RegisterCudaBindings(m);
 }

@@ -26,6 +26,9 @@ void RegisterArenaBindings(nanobind::module_& m);
 // dsa_solve, dsa_check, dsa_max_load (dsa_bindings.cc).
 void RegisterDsaBindings(nanobind::module_& m);
 
+// estimate_lifetimes: the lifetime estimate's XLA model (lifetimes_bindings.cc).
+void RegisterLifetimesBindings(nanobind::module_& m);
+
 // cudart_load, cudart_status, cudart_probe: the CUDA runtime loader
 // (cuda/cudart_loader.h) where the CUDA handlers are built, and stand-ins
 // that say so where they are not (cuda_bindings.cc).

@@ -34,7 +34,10 @@ class AnalyzedProgram(Program):
       (:func:`~jaxmem._src.estimate.xla_model.op_memory_model`).
     planned_memory: the same as a planned schedule runs it (lowering
       substitutions applied).
-    cse_keys: per op, its key for XLA's common-subexpression elimination.
+    cse_keys: per op, its key for XLA's common-subexpression elimination
+      (:func:`~jaxmem._src.estimate.xla_model.cse_keys`) as a small int: ops
+      with equal keys share it (an int hashes at once; the estimate of every
+      schedule hashes every step's key); ``None``: never merged.
     hoisted: constant-like values XLA computes at the program start.
     movable: per op, XLA may run it as soon as its inputs exist (the
       optimizer update after the backward pass).
@@ -65,7 +68,7 @@ class AnalyzedProgram(Program):
   profile: Profile
   memory: tuple[OpMemory, ...]
   planned_memory: tuple[OpMemory, ...]
-  cse_keys: tuple[CseKey | None, ...]
+  cse_keys: tuple[int | None, ...]
   hoisted: frozenset[int]
   movable: tuple[bool, ...]
   costs: OpCosts
@@ -104,7 +107,9 @@ class AnalyzedProgram(Program):
 def analyze_program(program: Program) -> AnalyzedProgram:
   """The estimate of ``program`` (see :class:`AnalyzedProgram`)."""
   memory, planned = xla_model.op_memory_models(program)
-  keys = xla_model.cse_keys(program)
+  interned: dict[CseKey, int] = {}
+  keys = tuple(None if k is None else interned.setdefault(k, len(interned))
+               for k in xla_model.cse_keys(program))
   hoisted = xla_model.hoisted_constants(program)
   movable = xla_model.movable_ops(program)
   fusing = xla_model.operand_fusions(program)
@@ -135,7 +140,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
 
 
 def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
-                    keys: tuple[CseKey | None, ...], hoisted: frozenset[int],
+                    keys: tuple[int | None, ...], hoisted: frozenset[int],
                     movable: tuple[bool, ...], fusing: tuple[int, ...],
                     copies: Mapping[int, int], forwards: tuple[xla_model.Forwards, ...],
                     epilogues: tuple[bool, ...], indexing: tuple[int, ...] = (),

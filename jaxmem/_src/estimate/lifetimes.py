@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
+import itertools
+import os
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from jaxmem._src.estimate.xla_model import (ALLOWED_CODE_DUPLICATION, FUSES_ANY, FUSES_SOLE,
-                                            INDEX_BRANCHES, INDEX_BROADCAST, INDEX_SAME, CseKey)
+                                            INDEX_BRANCHES, INDEX_BROADCAST, INDEX_SAME)
 from jaxmem._src.ir.primitives import FUSIBLE_CONSUMERS, Fusion
+from jaxmem._src.native import lifetimes as native_lifetimes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +168,7 @@ class Flow:
   hoist_to_start: frozenset[int]
   shared_reads: Sequence[Sequence[tuple[int, int]]] = ()
   movable: Sequence[bool] | None = None
-  cse_keys: Sequence[CseKey | None] | None = None
+  cse_keys: Sequence[Hashable | None] | None = None
   on_chip: int = 0
   fuses_operands: Sequence[int] | None = None
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
@@ -190,7 +193,7 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
   if not flow.cse_keys:
     return flow, {}
   alias: dict[int, int] = {}
-  seen: dict[tuple[CseKey, tuple[int, ...]], int] = {}
+  seen: dict[tuple[Hashable, tuple[int, ...]], int] = {}
   # Shallow copies: a step's lists are replaced, never edited, so the
   # flow's own lists are shared until a merge renames an input.
   inputs = list(flow.step_inputs)
@@ -605,6 +608,123 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
   and the per-value ``virtual`` mask.
   """
   flow, merged = merge_common_subexpressions(flow)
+  native = _native_lifetimes()
+  found = (native(flow, merged) if native is not None and flow.num_steps >= _NATIVE_MIN_STEPS
+           else _lifetimes(flow, merged))
+  return _profile_of_lifetimes(flow, merged, found)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lifetimes:
+  """What the XLA model makes of a flow's values (:func:`_lifetimes`), before they are summed.
+
+  Attributes:
+    pos: per step, the position XLA's scheduler runs it at (and the exit).
+    start, end: per value, its first and last live position (``-1``: never live).
+    virtual: per value, whether XLA stores no buffer of its own for it.
+    copy_last: ``(value, bytes, last reader's position)`` of each early layout
+      copy, in the order first met.
+    stored_broadcasts: ``(value, bytes, first, last)`` of the broadcasts
+      counted as stored (:attr:`Profile.stored_broadcasts`).
+  """
+  pos: Sequence[int]
+  start: Sequence[int]
+  end: Sequence[int]
+  virtual: Sequence[bool]
+  copy_last: Sequence[tuple[int, int, int]]
+  stored_broadcasts: Sequence[tuple[int, int, int, int]]
+
+
+#: Flows shorter than this are estimated in Python: below it the columns
+#: cost more to build than the rules take to run.
+_NATIVE_MIN_STEPS = 64
+
+# `Fusion` as `ffi/lifetimes.h` numbers it.
+_KIND_CODES = {Fusion.CHEAP: 0, Fusion.EXPENSIVE: 1, Fusion.VIEW: 2, Fusion.REDUCE: 3,
+               Fusion.MATERIALIZED: 4}
+
+
+def _native_lifetimes() -> Callable[[Flow, Mapping[int, int]], _Lifetimes] | None:
+  """:func:`_lifetimes` run by the native extension, or ``None`` where it cannot be.
+
+  ``None`` when the extension predates ``estimate_lifetimes`` or the
+  environment sets ``JAXMEM_NATIVE_ESTIMATE=0`` (the Python rules then run:
+  the reference, and a way to rule the port out when an estimate looks wrong).
+  """
+  if native_lifetimes.estimate_lifetimes is None or os.environ.get(
+      "JAXMEM_NATIVE_ESTIMATE", "1") == "0":
+    return None
+  return _lifetimes_native
+
+
+def _rows(rows: Sequence[Sequence[int]], n: int, pairs: bool = False) -> tuple[np.ndarray,
+                                                                                np.ndarray]:
+  """Per-step lists as compressed rows (``ptr``, ``idx``); ``pairs`` flattens (value, bytes) pairs."""
+  lens = np.zeros(n, np.int64)
+  lens[:len(rows)] = np.fromiter(map(len, rows), np.int64, len(rows))
+  if pairs:
+    lens *= 2
+  ptr = np.zeros(n + 1, np.int64)
+  np.cumsum(lens, out=ptr[1:])
+  flat: Iterable[int] = itertools.chain.from_iterable(rows)
+  if pairs:
+    flat = itertools.chain.from_iterable(flat)
+  return ptr, np.fromiter(flat, np.int64, int(ptr[-1]))
+
+
+def _mask(values: Iterable[int], size: int) -> np.ndarray:
+  out = np.zeros(size, np.int64)
+  idx = np.fromiter(values, np.int64)
+  out[idx] = 1
+  return out
+
+
+def _lifetimes_native(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
+  """:func:`_lifetimes` by ``_native.estimate_lifetimes`` (``ffi/lifetimes.cc``)."""
+  n = flow.num_steps
+  nvals = len(flow.nbytes)
+  cols: dict[str, np.ndarray] = {}
+  cols["kind"] = np.fromiter(map(_KIND_CODES.__getitem__, flow.step_kind), np.int64, n)
+  cols["in_ptr"], cols["in_idx"] = _rows(flow.step_inputs, n)
+  cols["out_ptr"], cols["out_idx"] = _rows(flow.step_outputs, n)
+  cols["start"] = np.asarray(flow.start, np.int64)
+  cols["end"] = np.asarray(flow.end, np.int64)
+  cols["nbytes"] = np.asarray(flow.nbytes, np.int64)
+  cols["materialized"] = _mask(flow.materialized, nvals)
+  cols["hoist"] = np.fromiter(flow.hoist_to_start, np.int64)
+  cols["merged"] = _mask(merged, nvals)
+  if flow.movable and any(flow.movable):
+    cols["movable"] = np.asarray(flow.movable, np.int64)
+  if flow.fuses_operands:
+    cols["fuses"] = np.asarray(flow.fuses_operands, np.int64)
+  if flow.epilogues:
+    cols["epilogues"] = np.asarray(flow.epilogues, np.int64)
+  if flow.indexing:
+    cols["indexing"] = np.asarray(flow.indexing, np.int64)
+  if flow.in_place:
+    cols["in_place"] = np.asarray(flow.in_place, np.int64)
+  if flow.forwarded:
+    cols["fwd_mask"] = _mask(flow.forwarded, nvals)
+    cols["fwd_ptr"], cols["fwd_idx"] = _rows(
+        [flow.forwarded.get(v, ()) for v in range(nvals)], nvals)
+  if any(flow.early_copies):
+    cols["ec_ptr"], cols["ec_idx"] = _rows(flow.early_copies, n, pairs=True)
+  if any(flow.shared_reads):
+    cols["sr_ptr"], cols["sr_idx"] = _rows(flow.shared_reads, n, pairs=True)
+  assert native_lifetimes.estimate_lifetimes is not None
+  pos, start, end, virtual, copy_last, broadcasts = native_lifetimes.estimate_lifetimes(n, cols)
+  return _Lifetimes(pos, start, end, virtual.astype(bool),
+                    [tuple(r) for r in copy_last.reshape(-1, 3).tolist()],
+                    [tuple(r) for r in broadcasts.reshape(-1, 4).tolist()])
+
+
+def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
+  """The XLA model applied to a flow whose common subexpressions are merged (:func:`estimate`).
+
+  The reference the native extension's ``estimate_lifetimes`` is tested
+  against (``tests/estimate/test_native_lifetimes.py``): both return the same
+  lifetimes for every flow.
+  """
   nvals = len(flow.nbytes)
   pos = _positions(flow)
   start = [pos[s] if s >= 0 else s for s in flow.start]
@@ -789,33 +909,6 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
           end[x] = pos[s] - 1       # its buffer is the result's from here on
   if indexing is not None:
     _share_operand_buffers(flow, pos, start, end, virtual, indexing, ynn_roots)
-  ids = [v for v in range(nvals) if start[v] >= 0]
-  starts = [start[v] for v in ids]
-  ends = [max(end[v], start[v]) for v in ids]
-  nbytes = flow.nbytes
-  sizes = [0 if virtual[v] else nbytes[v] for v in ids]
-  if flow.copies:
-    _reuse_copied_arguments(flow, pos, ids, starts, ends, sizes)
-  # Where each kind of `HIDDEN_KINDS` starts among the intervals.
-  kind_starts = [len(sizes)]
-  for s, h in enumerate(flow.hoisted):
-    if h:
-      starts.append(0)
-      ends.append(pos[s])
-      sizes.append(h)
-  kind_starts.append(len(sizes))
-  for x, s in flow.copies.items():
-    starts.append(0)
-    ends.append(pos[s])
-    sizes.append(flow.nbytes[x])
-  kind_starts.append(len(sizes))
-  for (x, nbytes), last in copy_last.items():   # from the operand's start to the last reader
-    if start[x] < 0:
-      continue
-    starts.append(min(start[x], last))
-    ends.append(last)
-    sizes.append(nbytes)
-  kind_starts.append(len(sizes))
   readers_of: dict[tuple[int, int], list[int]] = {}
   for s, reads in enumerate(flow.shared_reads):
     for key in reads:
@@ -832,38 +925,93 @@ def estimate(flow: Flow) -> tuple[Profile, np.ndarray]:
     elif last <= first:        # one reader: fused into it, nothing stored
       continue
     stored_broadcasts.append((key[0], key[1], first, last))
-    starts.append(first)
-    ends.append(last)
-    sizes.append(key[1])
-  transient = [0] * (flow.num_steps + 1)
-  for s, t in enumerate(flow.transient):
-    transient[pos[s]] += t
-  live = _live_curve(flow.num_steps + 1, starts, ends, sizes) + np.asarray(transient, np.int64)
+  return _Lifetimes(pos, start, end, virtual,
+                    [(x, nbytes, last) for (x, nbytes), last in copy_last.items()],
+                    stored_broadcasts)
+
+
+def _profile_of_lifetimes(flow: Flow, merged: Mapping[int, int],
+                          found: _Lifetimes) -> tuple[Profile, np.ndarray]:
+  """:func:`estimate`'s profile of the lifetimes :func:`_lifetimes` found."""
+  pos = np.asarray(found.pos, np.int64)
+  start_a = np.asarray(found.start, np.int64)
+  end_a = np.maximum(np.asarray(found.end, np.int64), start_a)
+  virtual_a = np.asarray(found.virtual, bool)
+  nbytes_a = np.asarray(flow.nbytes, np.int64)
+  ids_a = np.flatnonzero(start_a >= 0)
+  parts_s, parts_e, parts_b = [start_a[ids_a]], [end_a[ids_a]], [np.where(virtual_a, 0, nbytes_a)[ids_a]]
+  if flow.copies:
+    ids = ids_a.tolist()
+    sizes = parts_b[0].tolist()
+    _reuse_copied_arguments(flow, pos.tolist(), ids, parts_s[0].tolist(), parts_e[0].tolist(),
+                            sizes)
+    parts_b[0] = np.asarray(sizes, np.int64)
+  n_ids = len(ids_a)
+  # Where each kind of `HIDDEN_KINDS` starts among the intervals.
+  kind_starts = [n_ids]
+  hoisted = np.asarray(flow.hoisted, np.int64)
+  at = np.flatnonzero(hoisted)
+  parts_s.append(np.zeros(len(at), np.int64))
+  parts_e.append(pos[at])
+  parts_b.append(hoisted[at])
+  kind_starts.append(kind_starts[-1] + len(at))
+  if flow.copies:
+    xs = np.fromiter(flow.copies.keys(), np.int64, len(flow.copies))
+    steps = np.fromiter(flow.copies.values(), np.int64, len(flow.copies))
+    parts_s.append(np.zeros(len(xs), np.int64))
+    parts_e.append(pos[steps])
+    parts_b.append(nbytes_a[xs])
+  kind_starts.append(kind_starts[-1] + len(flow.copies))
+  copies = [(x, b, last) for x, b, last in found.copy_last if start_a[x] >= 0]
+  if copies:                 # from the operand's start to the last reader
+    xs, bs, lasts = (np.asarray(c, np.int64) for c in zip(*copies))
+    parts_s.append(np.minimum(start_a[xs], lasts))
+    parts_e.append(lasts)
+    parts_b.append(bs)
+  kind_starts.append(kind_starts[-1] + len(copies))
+  stored_broadcasts = [tuple(map(int, b)) for b in found.stored_broadcasts]
+  if stored_broadcasts:
+    _, bs, firsts, lasts = (np.asarray(c, np.int64) for c in zip(*stored_broadcasts))
+    parts_s.append(firsts)
+    parts_e.append(lasts)
+    parts_b.append(bs)
+  starts, ends, sizes = (np.concatenate(p) for p in (parts_s, parts_e, parts_b))
+  transient = np.zeros(flow.num_steps + 1, np.int64)
+  if len(flow.transient):
+    np.add.at(transient, pos[:len(flow.transient)], np.asarray(flow.transient, np.int64))
+  live = _live_curve(flow.num_steps + 1, starts, ends, sizes) + transient
   on_chip = None
   if flow.on_chip > 0:
     # Arguments, outputs and constants stay in device memory, and so does a
     # buffer larger than the on-chip memory; of the other temporaries, up to
     # `on_chip` bytes at any position are on chip and off the count.
+    mat = np.zeros(len(sizes), bool)
+    if flow.materialized:
+      in_mat = np.zeros(len(nbytes_a), bool)
+      in_mat[np.fromiter(flow.materialized, np.int64, len(flow.materialized))] = True
+      mat[:n_ids] = in_mat[ids_a]
     fits = _live_curve(flow.num_steps + 1, starts, ends,
-                       [b if b <= flow.on_chip and (i >= len(ids) or ids[i] not in flow.materialized)
-                        else 0 for i, b in enumerate(sizes)])
-    fits = fits + np.asarray(transient, np.int64)
+                       np.where((sizes <= flow.on_chip) & ~mat, sizes, 0))
+    fits = fits + transient
     on_chip = np.minimum(fits, flow.on_chip)
     live = live - on_chip
   prof = _profile_of(live, starts, ends, sizes)
-  holders = [(ids[i], b) for i, b in zip(prof.holders, prof.holder_bytes) if i < len(ids)]
+  holders = [(int(ids_a[i]), b) for i, b in zip(prof.holders, prof.holder_bytes) if i < n_ids]
   hidden = [0] * len(HIDDEN_KINDS)
   for i, b in zip(prof.holders, prof.holder_bytes):
-    if i >= len(ids):
+    if i >= n_ids:
       hidden[bisect.bisect_right(kind_starts, i) - 1] += b
-  hidden[4] = transient[prof.peak_index] if prof.peak_index < len(transient) else 0
+  hidden[4] = int(transient[prof.peak_index]) if prof.peak_index < len(transient) else 0
   if on_chip is not None and prof.peak_index < len(on_chip):
     hidden[5] = -int(on_chip[prof.peak_index])
-  for v, keep in merged.items():      # stored by the value it was merged into
-    start[v], end[v] = start[keep], end[keep]
-    virtual[v] = True
-  intervals = tuple(zip(start, map(max, end, start)))
-  virtual = np.array(virtual, dtype=bool)
+  if merged:                           # stored by the value it was merged into
+    gone = np.fromiter(merged.keys(), np.int64, len(merged))
+    keep = np.fromiter(merged.values(), np.int64, len(merged))
+    start_a[gone], end_a[gone] = start_a[keep], end_a[keep]
+    virtual_a = virtual_a.copy()
+    virtual_a[gone] = True
+  intervals = tuple(zip(start_a.tolist(), end_a.tolist()))
+  virtual = virtual_a
   return dataclasses.replace(prof, holders=tuple(h for h, _ in holders),
                              holder_bytes=tuple(b for _, b in holders), intervals=intervals,
                              virtual=virtual,

@@ -106,8 +106,9 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   (:func:`~jaxmem._src.planners.segments.segments_within`), and is skipped
   when none does. The MILP joins on programs of
   at most ``MILP_MAX_OPS`` ops when it proves optimality within ``milp_time_s``.
-  The segment search also runs with every prefix estimated without pins
-  (``segments(unpinned)``). Selective recomputation
+  The segment search runs with every prefix estimated without pins first
+  (``segments(unpinned)``), and with the pins only where that finds no
+  fitting plan. Selective recomputation
   (:func:`~jaxmem._src.planners.selective.selective`) runs after both segment
   searches and searches its segment plans under the same cap, from the best
   plan found by then. Last, every fitting plan's decisions are estimated and
