@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import heapq
 import weakref
 from collections.abc import Sequence
 from typing import Literal
@@ -394,11 +395,16 @@ class _OriginalSteps:
 
   ``steps[i]``: op ``i``'s compute step when none of its inputs was renamed by
   the plan (most ops of any plan); ``reads[i]``: the variables it reads;
-  ``stored[i]``: its first output XLA stores, or ``None``.
+  ``stored[i]``: its first output XLA stores, or ``None``;
+  ``last_stored[i]``: the last of ``stored[:i]`` that is not ``None`` (the
+  last value computed before op ``i``); ``literals``: the ops that make a
+  large constant-like value from nothing (fenced behind the last value).
   """
   steps: tuple[Step, ...]
   reads: tuple[frozenset[int], ...]
   stored: tuple[int | None, ...]
+  last_stored: tuple[int | None, ...] = ()
+  literals: tuple[int, ...] = ()
 
 
 # Planners build schedules of one program dozens of times (``segments`` tries
@@ -413,12 +419,19 @@ def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
   if found is None:
     virtual = program.profile.virtual if program.backend == "cpu" else None
     constant_like = program.constant_like
+    reads = tuple(frozenset(op.input_ids()) for op in program.ops)
+    stored = tuple(next((o for o in op.outputs if not constant_like[o]
+                         and (virtual is None or not virtual[o])), None) for op in program.ops)
+    last: list[int | None] = [None]
+    for x in stored:
+      last.append(x if x is not None else last[-1])
     found = _OriginalSteps(
         tuple(Step(StepKind.COMPUTE, float(op.index), tuple(op.inputs), op.outputs, op=op.index)
               for op in program.ops),
-        tuple(frozenset(op.input_ids()) for op in program.ops),
-        tuple(next((o for o in op.outputs if not constant_like[o]
-                    and (virtual is None or not virtual[o])), None) for op in program.ops))
+        reads, stored, tuple(last),
+        tuple(op.index for op in program.ops
+              if op.outputs and constant_like[op.outputs[0]] and not reads[op.index]
+              and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES))
     _ORIGINAL_STEPS[program] = found
   return found
 
@@ -583,8 +596,44 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
     value_var.append(var)
     return len(value_var) - 1
 
-  for op in program.ops:
-    i = op.index
+  # Only the ops the plan touches are visited one by one: those with a
+  # restore, an offload or a pin, the literals fenced behind the last value,
+  # and the readers of a renamed variable (queued when it is renamed); the
+  # steps of the ops between them are the program's own, appended in runs.
+  # (A pass over every op cost ResNet-50 9 ms per schedule, 30% of `auto`.)
+  ops = program.ops
+  n = len(ops)
+  events = set(before) | set(after) | {program.vars[x].defined_by for x in pinned_set}
+  if fence_literals:
+    events.update(original.literals)
+  static = sorted(e for e in events if 0 <= e < n)
+  dirty: list[int] = []            # a heap of ops reading a renamed variable
+  queued: set[int] = set()
+
+  def rename(x: int, at: int) -> None:
+    renamed.add(x)
+    for u in program.vars[x].uses:
+      if u > at and u not in queued:
+        queued.add(u)
+        heapq.heappush(dirty, u)
+
+  next_static = 0
+  i = 0
+  while True:
+    while next_static < len(static) and static[next_static] < i:
+      next_static += 1
+    nxt = static[next_static] if next_static < len(static) else n
+    while dirty and dirty[0] < i:
+      heapq.heappop(dirty)
+    if dirty and dirty[0] < nxt:
+      nxt = dirty[0]
+    if nxt > i:
+      steps.extend(original.steps[i:nxt])
+    if nxt >= n:
+      break
+    i = nxt
+    op = ops[i]
+    last_value = original.last_stored[i]
     restores = before.get(i, ())
     if restores:
       restored = {d.var for d in restores}
@@ -605,7 +654,7 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
         new = fresh(d.var)
         steps.append(Step(StepKind.FETCH, anchor, (handles.pop(id(d)), dep), (new,), var=d.var))
         cur[d.var] = new
-        renamed.add(d.var)
+        rename(d.var, i)
       # All remats restored here share one recomputation: the union of their
       # chains, run once in program order (a segment's residuals rebuilt from
       # its checkpoint, Chen et al. 2016 §3, instead of one chain per value
@@ -623,7 +672,7 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
             local[x] = new   # a fenced argument is a copy: only the chain reads it
           else:
             cur[x] = new     # later uses read the fenced value, so the alias is free
-            renamed.add(x)
+            rename(x, i)
         owner = {program.vars[d.var].defined_by: d.var for d in remats}
         for k in chain:
           kop = program.ops[k]
@@ -634,7 +683,7 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
                             var=owner.get(k, remats[0].var), recompute=True))
         for d in remats:
           cur[d.var] = local[d.var]
-          renamed.add(d.var)
+          rename(d.var, i)
     literal_dep = None
     if (fence_literals and op.outputs and program.constant_like[op.outputs[0]]
         and last_value is not None
@@ -647,18 +696,17 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
       ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
       steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i,
                         literal_dep=literal_dep))
-    if original.stored[i] is not None:
-      last_value = original.stored[i]
     for o in op.outputs:
       if o in pinned_set:
         new = fresh(o)
         steps.append(Step(StepKind.PIN, i + 0.25, (o,), (new,), var=o))
         cur[o] = new
-        renamed.add(o)
+        rename(o, i)
     for d in after.get(i, ()):
       h = fresh(None)
       steps.append(Step(StepKind.OFFLOAD, i + 0.5, (cur[d.var],), (h,), var=d.var))
       handles[id(d)] = h
+    i += 1
   outputs = tuple(cur[x] if isinstance(x, int) else x for x in program.outvars)
   return Schedule(program, tuple(steps), tuple(value_var), outputs)
 
