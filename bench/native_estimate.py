@@ -2,8 +2,8 @@
 
 Every train step of the corpus (``bench/corpus/``: the main families, the
 held-out and the fresh sets), analysed for XLA:CPU, and the schedules of
-three plans of each at 0.6 of its estimated peak (``segments``,
-``selective``, and ``greedy`` with asynchronous copies): each flow the
+two plans of each at 0.6 of its estimated peak (``segments``, and ``greedy``
+with asynchronous copies): each flow the
 estimate sees goes through both models (``lifetimes._lifetimes``, the
 reference, and ``_native.estimate_lifetimes``, ``ffi/lifetimes.cc``), whose
 outputs must be equal; then whole estimates (``Schedule._profile``) are
@@ -12,7 +12,7 @@ timed side by side, native and with ``JAXMEM_NATIVE_ESTIMATE=0``, plus
 ``h100-pcie`` profile) both ways.
 
 Run: ``python bench/native_estimate.py [--reps 3]``; writes
-``bench/results/native_estimate.{json,md}``. About 10 minutes on 2 CPUs.
+``bench/results/native_estimate.{json,md}``. About 30 minutes on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ def log(msg: str) -> None:
 
 
 def flows_of(prog: jaxmem.Program) -> list[Any]:
-  """The flows the estimate sees for the unplanned step and three plans at 0.6."""
+  """The flows the estimate sees for the unplanned step and two plans at 0.6."""
   budget = int(0.6 * prog.peak_bytes)
   plans = [jaxmem.get_planner("segments")(prog, budget, "h100-pcie"),
-           jaxmem.get_planner("selective")(prog, budget, "h100-pcie"),
            jaxmem.get_planner("greedy")(prog, budget, "h100-pcie", copies="async")]
   flows: list[Any] = []
   original = lifetimes.merge_common_subexpressions
@@ -141,8 +140,8 @@ def main() -> int:
            f"`python bench/native_estimate.py --reps {a.reps}` ({meta['date']}, commit "
            f"`{meta['commit']}`, jax {meta['jax']}, {meta['cpus']} CPUs). Corpus steps "
            "(main, held-out and fresh sets) analysed for XLA:CPU; per step the flows of the "
-           "unplanned step and of three plans at 0.6 of its estimate (`segments`, `selective`, "
-           "`greedy` with asynchronous copies) through both models; then one estimate of the "
+           "unplanned step and of two plans at 0.6 of its estimate (`segments`, `greedy` with "
+           "asynchronous copies) through both models; then one estimate of the "
            f"unplanned schedule timed both ways (median of {a.reps}).", "",
            f"* Flows compared: **{flows}** from {len(rows)} steps; flows where the models "
            f"differ: **{differing}**.",
