@@ -94,3 +94,39 @@ def test_auto_compares_selective_and_fit_keeps_the_results(small_gpt):
   # last bit (as jax.checkpoint's do); the values are otherwise the same.
   for got, want in zip(jax.tree.leaves(fitted(*args)), jax.tree.leaves(jax.jit(step)(*args))):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("frac", [0.8, 0.6])
+def test_a_time_to_beat_prunes_nothing_that_would_win(small_gpt, frac):
+  """`beat_s` (what `auto` passes: its fastest plan's time) skips shares whose
+  segments alone are slower and stops selections priced past it; a time just
+  above selective's own best returns that same plan, and one below every
+  plan returns none that fits."""
+  _, _, prog = small_gpt
+  budget = int(frac * prog.peak_bytes)
+  free = selective(prog, budget, "h100-pcie")
+  t = jaxmem.simulate(free, "h100-pcie").step_time_s
+  assert free.estimated_peak_bytes <= budget
+  bounded = selective(prog, budget, "h100-pcie", beat_s=t * (1 + 1e-9))
+  assert bounded.decisions == free.decisions and bounded.planner == free.planner
+  from jaxmem._src.plan.simulate import program_time
+  hopeless = selective(prog, budget, "h100-pcie", beat_s=program_time(prog, "h100-pcie"))
+  assert hopeless.estimated_peak_bytes > budget
+
+
+def test_greedy_gives_up_past_its_cost_bound(small_gpt):
+  """`max_cost_s`: the selection stops once what it added is priced over the
+  bound, returning the plan it estimated last (its peak is that plan's)."""
+  _, _, prog = small_gpt
+  budget = int(0.8 * prog.peak_bytes)
+  opts = dict(rank="cost", allow_offload=False, pinned=False)
+  full = greedy(prog, budget, "h100-pcie", **opts)
+  spent = sum(d.cost_s for d in full.decisions)
+  assert full.estimated_peak_bytes <= budget and spent > 0
+  cut = greedy(prog, budget, "h100-pcie", max_cost_s=spent / 2, **opts)
+  assert cut.estimated_peak_bytes > budget
+  assert sum(d.cost_s for d in cut.decisions) <= spent / 2
+  assert cut.decisions == full.decisions[:len(cut.decisions)]
+  from jaxmem._src.planners import common
+  again = common.finish(prog, cut.decisions, budget, "again", ())
+  assert again.estimated_peak_bytes == cut.estimated_peak_bytes

@@ -223,7 +223,8 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   if selective_last:
     finite = best is not None and best[0] < float("inf") and base > 0
     consider(selective(program, budget_bytes, device, copies=copies, window=window,
-                       cap_s=2.0 * (best[0] - base) if finite else float("inf")))
+                       cap_s=2.0 * (best[0] - base) if finite else float("inf"),
+                       beat_s=best[0] if finite else float("inf")))
   if milp_time_s > 0 and program.num_ops <= MILP_MAX_OPS:
     t = time.perf_counter()
     plan = optimal(program, budget_bytes, device, time_limit_s=milp_time_s, copies=copies,

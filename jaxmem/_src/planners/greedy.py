@@ -71,7 +71,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
            min_bytes: int | None = None, max_chain: int = 8,
            allow_remat: bool = True, allow_offload: bool = True,
            initial: Iterable[Decision] = (), rank: Rank = "area",
-           pinned: bool = True) -> Plan:
+           pinned: bool = True, max_cost_s: float = float("inf")) -> Plan:
   """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
 
   Args:
@@ -101,6 +101,10 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
       recomputation chain, so it applies to any model.
     pinned: start from Layrub's pins (:func:`~jaxmem._src.planners.common.pins`);
       ``False`` plans and estimates without them.
+    max_cost_s: give up once the decisions it added (to ``initial``) cost
+      more than this, priced as ranked (their ``cost_s``): the plan returned
+      is the last one estimated, over the target (a caller's bound on what a
+      plan may cost to be of use; selective recomputation passes it).
 
   Returns:
     A :class:`jaxmem.Plan`. Its ``estimated_peak_bytes`` may stay above the
@@ -114,7 +118,8 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   # unrolled LSTM (64 steps): 8 greedy searches of about 2.4 s in one `fit`.
   try:
     key: tuple[object, ...] | None = (int(budget_bytes), dev, copies, window, min_bytes,
-                                      max_chain, allow_remat, allow_offload, initial, rank, pinned)
+                                      max_chain, allow_remat, allow_offload, initial, rank, pinned,
+                                      max_cost_s)
     hash(key)
   except TypeError:        # an unhashable `window`: `build_schedule` names it below
     key = None
@@ -124,7 +129,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   if rank not in RANKS:
     raise ValueError(f"`greedy`: `rank={rank!r}` is not one of {RANKS}.")
   plan = _greedy(program, budget_bytes, dev, copies, window, min_bytes, max_chain, allow_remat,
-                 allow_offload, initial, rank, pinned)
+                 allow_offload, initial, rank, pinned, max_cost_s)
   if key is not None:
     program.__dict__["_greedy_plans"][key] = plan
   return plan
@@ -133,7 +138,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
 def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, copies: CopyMode,
             window: Window, min_bytes: int | None, max_chain: int, allow_remat: bool,
             allow_offload: bool, initial: tuple[Decision, ...], rank: Rank,
-            pinned: bool) -> Plan:
+            pinned: bool, max_cost_s: float = float("inf")) -> Plan:
   """:func:`greedy`, not cached."""
   unplanned = program.profile.peak_bytes
   if min_bytes is None:
@@ -149,6 +154,8 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
   sched_opts = dict(copies=copies, window=window, budget=int(budget_bytes))
   schedule = build_schedule(program, tuple(state.decisions), pinned_vars, **sched_opts)
   prof = schedule.profile()
+  added_s = 0.0                  # what the decisions added to `initial` cost, as priced
+  estimated = tuple(state.decisions)
   while prof.peak_bytes > budget_bytes:
     peak_anchor = schedule.anchor_of(prof.peak_index)
     spanning: list[tuple[float, int, int, int]] = []
@@ -193,9 +200,15 @@ def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, cop
         continue
       state.add(d)
       freed += d.nbytes
+      added_s += d.cost_s
     if not freed:
       continue
+    if added_s > max_cost_s:
+      # Over the caller's bound: the plan estimated last, not this batch.
+      return Plan(program, estimated, int(budget_bytes), prof.peak_bytes, unplanned, "greedy",
+                  pinned_vars, copies, window)
     schedule = build_schedule(program, state.decisions, pinned_vars, **sched_opts)
     prof = schedule.profile()
+    estimated = tuple(state.decisions)
   return Plan(program, tuple(state.decisions), int(budget_bytes), prof.peak_bytes, unplanned,
               "greedy", pinned_vars, copies, window)
