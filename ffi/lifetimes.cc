@@ -665,8 +665,9 @@ void Check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("estimate_lifetimes: " + what);
 }
 
-void CheckRows(const Rows& rows, int64_t n, int64_t nvals, const char* name, int64_t stride,
-               bool values_only) {
+// Rows of `n` (row pointers) whose entries (every `stride`-th: the values of
+// (value, bytes) pairs) are value ids.
+void CheckRows(const Rows& rows, int64_t n, int64_t nvals, const char* name, int64_t stride) {
   if (rows.ptr.empty()) return;
   Check(static_cast<int64_t>(rows.ptr.size()) == n + 1, std::string(name) + ": wrong length");
   Check(rows.ptr[0] == 0 && rows.ptr[n] == static_cast<int64_t>(rows.idx.size()),
@@ -677,7 +678,6 @@ void CheckRows(const Rows& rows, int64_t n, int64_t nvals, const char* name, int
   }
   for (size_t i = 0; i < rows.idx.size(); i += stride) {
     Check(0 <= rows.idx[i] && rows.idx[i] < nvals, std::string(name) + ": value out of range");
-    (void)values_only;
   }
 }
 
@@ -690,10 +690,10 @@ Result Estimate(const Flow& flow) {
   Check(static_cast<int64_t>(flow.kind.size()) == n, "kinds: wrong length");
   for (int8_t k : flow.kind) Check(0 <= k && k <= kMaterialized, "kinds: unknown kind");
   Check(!flow.inputs.ptr.empty() && !flow.outputs.ptr.empty(), "inputs/outputs missing");
-  CheckRows(flow.inputs, n, nvals, "inputs", 1, true);
-  CheckRows(flow.outputs, n, nvals, "outputs", 1, true);
-  CheckRows(flow.early_copies, n, nvals, "early_copies", 2, false);
-  CheckRows(flow.shared_reads, n, nvals, "shared_reads", 2, false);
+  CheckRows(flow.inputs, n, nvals, "inputs", 1);
+  CheckRows(flow.outputs, n, nvals, "outputs", 1);
+  CheckRows(flow.early_copies, n, nvals, "early_copies", 2);
+  CheckRows(flow.shared_reads, n, nvals, "shared_reads", 2);
   Check(static_cast<int64_t>(flow.start.size()) == nvals &&
             static_cast<int64_t>(flow.end.size()) == nvals &&
             static_cast<int64_t>(flow.materialized.size()) == nvals &&
@@ -711,7 +711,7 @@ Result Estimate(const Flow& flow) {
         "per-step columns: wrong length");
   if (!flow.has_forwarded.empty()) {
     Check(static_cast<int64_t>(flow.has_forwarded.size()) == nvals, "forwarded: wrong length");
-    CheckRows(flow.forwarded, nvals, nvals, "forwarded", 1, true);
+    CheckRows(flow.forwarded, nvals, nvals, "forwarded", 1);
   }
   return Estimator(flow).Run();
 }

@@ -6,6 +6,9 @@
 #ifndef JAXMEM_FFI_BINDINGS_BINDINGS_H_
 #define JAXMEM_FFI_BINDINGS_BINDINGS_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "arena/host_arena.h"
 #include "nanobind/nanobind.h"
 #include "status.h"
@@ -43,6 +46,9 @@ void RegisterCudaBindings(nanobind::module_& m);
 // `type` overrides the table for functions whose documented contract names
 // one exception for every failure (store_put, store_configure: ValueError).
 [[noreturn]] void RaisePyError(const Status& status, PyObject* type = nullptr);
+
+// `values` as a 1-D int64 numpy array that owns them (numpy_arrays.cc).
+nanobind::object Int64Numpy(std::vector<int64_t> values);
 
 // An arena's stats as a dict: HostArena.stats() and store_stats()["arena"]
 // (arena_bindings.cc).

@@ -45,15 +45,6 @@ dsa::Problem ToProblem(const I64Array& lower, const I64Array& upper,
   return dsa::Problem{ToVector(lower), ToVector(upper), ToVector(size)};
 }
 
-nb::object ToNumpy(std::vector<int64_t> values) {
-  auto* owned = new std::vector<int64_t>(std::move(values));
-  nb::capsule owner(owned, [](void* ptr) noexcept {
-    delete static_cast<std::vector<int64_t>*>(ptr);
-  });
-  return nb::cast(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(
-      owned->data(), {owned->size()}, owner));
-}
-
 }  // namespace
 
 void RegisterDsaBindings(nb::module_& m) {
@@ -86,7 +77,7 @@ void RegisterDsaBindings(nb::module_& m) {
         d["seconds"] = r.seconds;
         d["method"] = r.method;
         d["feasible"] = r.feasible;
-        d["offsets"] = ToNumpy(std::move(r.offsets));
+        d["offsets"] = Int64Numpy(std::move(r.offsets));
         return d;
       },
       nb::arg("lower"), nb::arg("upper"), nb::arg("size"),
@@ -118,7 +109,7 @@ void RegisterDsaBindings(nb::module_& m) {
                                                                  : "limit";
         d["nodes"] = r.nodes;
         d["seconds"] = r.seconds;
-        d["offsets"] = ToNumpy(std::move(r.offsets));
+        d["offsets"] = Int64Numpy(std::move(r.offsets));
         return d;
       },
       nb::arg("lower"), nb::arg("upper"), nb::arg("size"), nb::arg("capacity"),

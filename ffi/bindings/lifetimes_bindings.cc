@@ -51,16 +51,6 @@ lifetimes::Rows RowsOf(const nb::dict& columns, const char* ptr, const char* idx
   return rows;
 }
 
-template <typename T>
-nb::object ToNumpy(std::vector<T> values) {
-  std::vector<int64_t>* owned = new std::vector<int64_t>(values.begin(), values.end());
-  nb::capsule owner(owned, [](void* ptr) noexcept {
-    delete static_cast<std::vector<int64_t>*>(ptr);
-  });
-  return nb::cast(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(
-      owned->data(), {owned->size()}, owner));
-}
-
 }  // namespace
 
 void RegisterLifetimesBindings(nb::module_& m) {
@@ -96,9 +86,11 @@ void RegisterLifetimesBindings(nb::module_& m) {
         for (const auto& e : r.copy_last) copy_last.insert(copy_last.end(), e.begin(), e.end());
         for (const auto& e : r.stored_broadcasts)
           broadcasts.insert(broadcasts.end(), e.begin(), e.end());
-        return nb::make_tuple(ToNumpy(std::move(r.pos)), ToNumpy(std::move(r.start)),
-                              ToNumpy(std::move(r.end)), ToNumpy(std::move(r.is_virtual)),
-                              ToNumpy(std::move(copy_last)), ToNumpy(std::move(broadcasts)));
+        return nb::make_tuple(
+            Int64Numpy(std::move(r.pos)), Int64Numpy(std::move(r.start)),
+            Int64Numpy(std::move(r.end)),
+            Int64Numpy(std::vector<int64_t>(r.is_virtual.begin(), r.is_virtual.end())),
+            Int64Numpy(std::move(copy_last)), Int64Numpy(std::move(broadcasts)));
       },
       nb::arg("num_steps"), nb::arg("columns"),
       "The lifetime estimate's XLA model of a flow (jaxmem/_src/estimate/"
