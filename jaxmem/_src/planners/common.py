@@ -276,10 +276,10 @@ def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes
 # Estimated peaks of the plans `finish` priced, per program, by what their
 # schedule is built from (an int each, unlike the schedules
 # `build_schedule` keeps, the last 16 of a few MiB each). The searches
-# estimate the same plans again: `auto`'s pinned and unpinned segment
-# searches both estimate every segmentation's whole prefix, where no pin is
-# left (ResNet-50 at half its peak: 5 of their 30 estimates), and `fit`
-# plans the same program for several targets. Oldest out first.
+# estimate the same plans again: every segment search (`auto`'s, then one
+# per share of selective recomputation) starts from each segmentation's
+# whole prefix, where no pin is left, and `fit` plans the same program for
+# several targets. Oldest out first.
 _ESTIMATED_PEAKS = 4096
 
 
