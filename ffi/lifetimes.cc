@@ -711,6 +711,7 @@ Result Estimate(const Flow& flow) {
         "per-step columns: wrong length");
   if (!flow.has_forwarded.empty()) {
     Check(static_cast<int64_t>(flow.has_forwarded.size()) == nvals, "forwarded: wrong length");
+    Check(!flow.forwarded.ptr.empty(), "forwarded: a mask without rows");
     CheckRows(flow.forwarded, nvals, nvals, "forwarded", 1);
   }
   return Estimator(flow).Run();

@@ -135,6 +135,8 @@ def test_a_malformed_flow_is_refused_not_crashed_on():
       fn(1, {**good, name: bad})
   with pytest.raises(ValueError, match="`kind` missing"):
     fn(1, {k: v for k, v in good.items() if k != "kind"})
+  with pytest.raises(ValueError, match="forwarded"):
+    fn(1, {**good, "fwd_mask": np.array([0, 1], np.int64)})
 
 
 def test_the_python_reference_can_be_asked_for(monkeypatch):
