@@ -260,10 +260,7 @@ def finish(program: AnalyzedProgram, decisions: Iterable[Decision], budget_bytes
   offloads = any(d.action is Action.OFFLOAD for d in decisions)
   key = (decisions, pinned, *((copies, window, budget_bytes if copies == "async" else None)
                               if offloads else ()))
-  memo = program.__dict__.get("_estimated_peaks")
-  if memo is None:
-    memo = {}
-    object.__setattr__(program, "_estimated_peaks", memo)
+  memo = program.__dict__.setdefault("_estimated_peaks", {})
   peak = memo.get(key)
   if peak is None:
     peak = plan.schedule().profile().peak_bytes

@@ -391,10 +391,7 @@ def segmentations(program: AnalyzedProgram, device: DeviceLike, *, min_bytes: in
   # recomputation), about 0.2 s each on ResNet-50. Segments are immutable
   # and callers only slice the lists.
   key = (device_profile(device), min_bytes, group)
-  memo = program.__dict__.get("_segmentations")
-  if memo is None:
-    memo = {}
-    object.__setattr__(program, "_segmentations", memo)
+  memo = program.__dict__.setdefault("_segmentations", {})
   if key not in memo:
     memo[key] = _cut_segmentations(program, device, min_bytes, group)
   return list(memo[key])
@@ -571,10 +568,7 @@ def _prefix_peaks(program: AnalyzedProgram, segs: list[Segment],
   (selective recomputation's shares of the excess, `fit`'s targets) know
   what the earlier ones estimated.
   """
-  memo = program.__dict__.get("_prefix_peaks")
-  if memo is None:
-    memo = {}
-    object.__setattr__(program, "_prefix_peaks", memo)
+  memo = program.__dict__.setdefault("_prefix_peaks", {})
   return memo.setdefault((tuple((x.lo, x.hi) for x in segs), pins), {})
 
 
