@@ -96,6 +96,7 @@ class Estimator {
   std::vector<int64_t> ThroughAliases(int64_t o) const;
   bool EndsInStoredEpilogue(int64_t o) const;
   int64_t BackFromReduction(const std::vector<int64_t>& readers) const;
+  bool ReductionsComeBack(const std::vector<int64_t>& readers) const;
   void FusionRoots(int64_t c, std::vector<int64_t>* roots) const;
   std::vector<int64_t> ClosedReaders(const std::vector<int64_t>& readers) const;
   bool EffectivelyUnary(int64_t s) const;
@@ -190,6 +191,36 @@ int64_t Estimator::BackFromReduction(const std::vector<int64_t>& readers) const 
     }
   }
   return -1;
+}
+
+// lifetimes._reductions_come_back: every reader but one is in the fusion of
+// a reduction (large enough for YNNPACK to grow it) whose result comes back
+// to that one reader: all of them are one fusion.
+bool Estimator::ReductionsComeBack(const std::vector<int64_t>& readers) const {
+  if (readers.size() < 2) return false;
+  std::vector<int64_t> reductions;
+  int64_t other = -1;
+  for (int64_t c : readers) {
+    std::vector<int64_t> roots;
+    if (KindOf(c) == kReduce) {
+      roots.push_back(c);
+    } else {
+      FusionRoots(c, &roots);
+    }
+    if (roots.size() == 1 && KindOf(roots[0]) == kReduce) {
+      reductions.push_back(roots[0]);
+    } else if (other < 0) {
+      other = c;
+    } else {
+      return false;
+    }
+  }
+  if (other < 0) return false;
+  for (int64_t r : reductions) {
+    if (f_.outputs.size(r) != 1 || f_.nbytes[*f_.outputs.begin(r)] < kYnnMinBytes) return false;
+    if (BackFromReduction({r, other}) != other) return false;
+  }
+  return true;
 }
 
 bool Estimator::EndsInStoredEpilogue(int64_t o) const {
@@ -513,7 +544,8 @@ Result Estimator::Run() {
             !(has_fuses && cs.size() == 1 && f_.fuses_operands[cs[0]] == kFusesSole &&
               consumers_[o] == cs && has_indexing && f_.indexing[s] == kIndexSame))
           continue;
-        if (has_indexing && cs.size() > 1) {
+        const bool one_fusion = has_indexing && ReductionsComeBack(cs);
+        if (has_indexing && cs.size() > 1 && !one_fusion) {
           std::vector<int64_t> closed = ClosedReaders(cs);
           if (!closed.empty()) {
             if (!made_at_built_) {
@@ -542,7 +574,7 @@ Result Estimator::Run() {
         }
         bool has_reduce = false;
         for (int64_t c : cs) has_reduce |= KindOf(c) == kReduce;
-        if (has_reduce && cs.size() > 1) continue;
+        if (has_reduce && cs.size() > 1 && !one_fusion) continue;
       } else if (!(has_epilogues && f_.epilogues[s] && EndsInStoredEpilogue(o))) {
         continue;
       }
@@ -637,20 +669,20 @@ Result Estimator::Run() {
   }
   Result out;
   for (auto& e : readers_of) {
-    const auto& readers = e.second;
-    int64_t first = pos_[readers[0]], last = Horizon(readers[0]);
-    for (int64_t c : readers) {
-      first = std::min(first, pos_[c]);
-      last = std::max(last, Horizon(c));
-    }
+    std::vector<int64_t> readers = e.second;
+    int64_t first = pos_[readers[0]];
+    for (int64_t c : readers) first = std::min(first, pos_[c]);
     if (has_indexing) {
-      std::vector<int64_t> sorted(readers.begin(), readers.end());
-      std::sort(sorted.begin(), sorted.end());
-      sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-      if (ClosedReaders(sorted).empty()) continue;
-    } else if (last <= first) {
-      continue;
+      // Made by the first reader of any kind, kept until the last of the
+      // reduction fusions that read it (as in `_lifetimes`).
+      std::sort(readers.begin(), readers.end());
+      readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+      readers = ClosedReaders(readers);
+      if (readers.empty()) continue;
     }
+    int64_t last = Horizon(readers[0]);
+    for (int64_t c : readers) last = std::max(last, Horizon(c));
+    if (!has_indexing && last <= first) continue;
     out.stored_broadcasts.push_back({e.first.first, e.first.second, first, last});
   }
   out.pos = std::move(pos_);

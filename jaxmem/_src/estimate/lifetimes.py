@@ -42,7 +42,7 @@ class Profile:
       away, or merged into an identical earlier value by CSE).
     stored_broadcasts: ``(value id, bytes, first, last)`` of the full-size
       broadcasts of operands the estimate counts as stored
-      (``Flow.shared_reads``), live from their first reader to their last.
+      (``Flow.shared_reads``), live from their first reader to the last reduction fusion reading them.
     hidden_at_peak: ``(kind, bytes)`` of the buffers at the peak that are
       no value of the program (XLA's own, kinds in :data:`HIDDEN_KINDS`;
       those kept on chip count negative), for each kind with any.
@@ -352,6 +352,45 @@ def _back_from_reduction(flow: Flow, consumers: list[list[int]], readers: Sequen
         break
       y = flow.step_outputs[cs[0]][0]
   return None
+
+
+def _reductions_come_back(flow: Flow, consumers: list[list[int]], groups: Mapping[int, _Groups],
+                          readers: Sequence[int]) -> bool:
+  """Whether XLA:CPU's YNNPACK fusion of reductions takes all of a value's ``readers``.
+
+  True when every reader but one is in the fusion of a reduction (the
+  reduction itself, or fused into it) whose result, large enough for
+  YNNPACK to grow the fusion into the arithmetic on it (``_YNN_MIN_BYTES``),
+  comes back to that one reader through cheap steps
+  (:func:`_back_from_reduction`): the reductions, that reader and the
+  value are then one fusion, and the value is never stored. Measured on a
+  LayerNorm's backward pass (a message-passing step's edge MLPs): ``g *
+  (rsqrt * scale)`` is read by its row sum and by the sum's broadcast added
+  back to it, all inside one YNNPACK fusion, which reads ``rsqrt * scale``
+  as a stored operand kept from the forward pass.
+  """
+  if len(readers) < 2:
+    return False
+  outputs = flow.step_outputs
+  reductions: list[int] = []
+  other = None
+  for c in readers:
+    roots = [c] if flow.step_kind[c] is Fusion.REDUCE else sorted(_fusion_roots(outputs, groups, c))
+    if len(roots) == 1 and flow.step_kind[roots[0]] is Fusion.REDUCE:
+      reductions.append(roots[0])
+    elif other is None:
+      other = c
+    else:
+      return False
+  if other is None:
+    return False
+  for r in reductions:
+    outs = outputs[r]
+    if len(outs) != 1 or flow.nbytes[outs[0]] < _YNN_MIN_BYTES:
+      return False
+    if _back_from_reduction(flow, consumers, [r, other]) != other:
+      return False
+  return True
 
 
 def _fusion_roots(outputs: Sequence[Sequence[int]], groups: Mapping[int, _Groups],
@@ -833,7 +872,8 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
             fuses and len(cs) == 1 and fuses[cs[0]] == FUSES_SOLE and consumers[o] == cs
             and indexing is not None and indexing[s] == INDEX_SAME):
           continue
-        if indexing is not None and len(cs) > 1:
+        one_fusion = not __import__('os').environ.get('OFF_E') and indexing is not None and _reductions_come_back(flow, consumers, groups, cs)
+        if indexing is not None and len(cs) > 1 and not one_fusion:
           closed = _closed_readers(flow, cs, groups, closed_roots)
           if closed:
             # Stored for the readers XLA:CPU has already closed into
@@ -852,7 +892,7 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
                 split.add(o)
             continue
         ckinds = [flow.step_kind[c] for c in cs]
-        if Fusion.REDUCE in ckinds and len(ckinds) > 1:
+        if Fusion.REDUCE in ckinds and len(ckinds) > 1 and not one_fusion:
           continue        # XLA does not duplicate a producer into a reduction
       elif not (flow.epilogues and flow.epilogues[s]
                 and _ends_in_stored_epilogue(flow, consumers, virtual, o, split)):
@@ -916,14 +956,24 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
   stored_broadcasts = []
   for key, readers in readers_of.items():
     first = min(pos[c] for c in readers)
-    last = max(_horizon(flow, virtual, end, pos, c) for c in readers)
     if indexing is not None:
       # Stored where XLA:CPU's reduction fusions read it among other
-      # fusions (`_closed_readers`): a broadcast is an operand like any value.
-      if not _closed_readers(flow, sorted(set(readers)), groups, closed_roots):
+      # fusions (`_closed_readers`), and kept until the last of those: the
+      # loop fusions among its readers broadcast it again inline. XLA makes
+      # the buffer early, by its first reader of any kind. Measured: a
+      # LayerNorm's `rsqrt` broadcast, made in the forward pass, lives until
+      # the scale gradient's sum in the backward one (a message-passing
+      # step's edge MLPs); a graph attention vector's [E,H,F] broadcast,
+      # read by the forward score's sum and by a backward multiply, is freed
+      # after the sum (the multiply fuses its own).
+      closed = _closed_readers(flow, sorted(set(readers)), groups, closed_roots)
+      if not closed:
         continue
-    elif last <= first:        # one reader: fused into it, nothing stored
-      continue
+      last = max(_horizon(flow, virtual, end, pos, c) for c in (readers if __import__('os').environ.get('OFF_A') else closed))
+    else:
+      last = max(_horizon(flow, virtual, end, pos, c) for c in readers)
+      if last <= first:        # one reader: fused into it, nothing stored
+        continue
     stored_broadcasts.append((key[0], key[1], first, last))
   return _Lifetimes(pos, start, end, virtual,
                     [(x, nbytes, last) for (x, nbytes), last in copy_last.items()],

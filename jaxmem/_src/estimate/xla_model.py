@@ -269,9 +269,12 @@ def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ..
   decides which are stored from the fusions their readers end up in
   (:func:`~jaxmem._src.estimate.lifetimes.estimate`, ``_closed_readers``)
   and charges each stored ``(value, broadcast size)`` pair once, from its
-  first reader to its last (:class:`~jaxmem._src.estimate.lifetimes.Flow`).
-  Values XLA computes from constants (masks from ``iota``) are excluded:
-  they are recomputed, not kept.
+  first reader to the last reduction fusion that reads it (the loop fusions
+  among its readers broadcast it again;
+  :class:`~jaxmem._src.estimate.lifetimes.Flow`). Values XLA computes from
+  constants (masks from ``iota``) are excluded: they are recomputed, not
+  kept. A ``FILL_OR_DROP`` gather's masked copy is a candidate the same way
+  (:func:`_masked_gather`).
   """
   if program.backend != "cpu":
     return tuple(() for _ in program.ops)
@@ -292,8 +295,28 @@ def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ..
           local = out_elems * out.nbytes // out.global_nbytes if out.global_nbytes else out_elems
           nbytes = v.global_nbytes // size * local
           found.append((pos, x, nbytes))
+        elif not __import__('os').environ.get('OFF_B') and _masked_gather(program, x):
+          found.append((pos, x, v.nbytes))
     cands.append(found)
   return tuple(tuple((pos, b) for pos, x, b in found) for found in cands)
+
+
+def _masked_gather(program: Program, x: int) -> bool:
+  """Whether ``x`` is a ``gather`` in ``FILL_OR_DROP`` mode (a segment sum's transpose).
+
+  jax lowers such a gather to a clamped gather and a ``select`` of its
+  result against the in-bounds mask: an elementwise op on the gather that,
+  like a broadcast (:func:`shared_broadcasts`), loop fusions duplicate into
+  themselves and XLA:CPU's reduction fusions take as a stored operand
+  (measured on a graph attention step: the backward gather of each layer's
+  cotangent is read by a multiply and by a sum, and its masked copy is a
+  buffer of its own for the sum, 16 MiB per layer at the compiled peak).
+  """
+  d = program.vars[x].defined_by
+  if d < 0 or program.ops[d].primitive != "gather":
+    return False
+  mode = program.ops[d].eqn.params.get("mode")
+  return getattr(mode, "name", str(mode)) == "FILL_OR_DROP"
 
 
 def hoisted_scalar_broadcasts(program: Program) -> tuple[int, ...]:
@@ -366,6 +389,13 @@ def op_fusion_kind(program: Program, op: Op) -> Fusion:
   facts = primitives.facts(op.primitive)
   if op.primitive == "sharding_constraint" and _keeps_split(program, op):
     return Fusion.VIEW
+  if not __import__('os').environ.get('OFF_C') and facts.fusion is Fusion.REDUCE and _trivial_reduction(op):
+    return Fusion.VIEW
+  if not __import__('os').environ.get('OFF_D') and op.primitive == "div" and _by_constant(program, op):
+    # XLA's algebraic simplifier turns `x / c` into `x * (1 / c)` for a
+    # floating-point constant `c` (a mean's division by the count): a cheap
+    # multiply, duplicated into every fusion that reads it.
+    return Fusion.CHEAP
   if facts.moves_data and program.backend == "cpu":
     # XLA's elemental emitter opens new basic blocks for a pad or a
     # concatenate, so its fusion refuses to duplicate one: read by more than
@@ -382,6 +412,35 @@ def op_fusion_kind(program: Program, op: Op) -> Fusion:
   if facts.fusion is Fusion.EXPENSIVE and program.backend == "tpu":
     return Fusion.CHEAP
   return facts.fusion
+
+
+def _trivial_reduction(op: Op) -> bool:
+  """Whether ``op`` reduces only dimensions of size 1: a reshape once XLA simplifies it.
+
+  XLA's algebraic simplifier rewrites such a reduce as a reshape (a bitcast),
+  so it is a view, not a reduction that ends a fusion: a LayerNorm's backward
+  pass sums its ``[N, 1]`` row statistics over the size-1 axis (jax's
+  transpose of the broadcast), and the chain from the real row sum back to
+  the gradient is one fusion in XLA:CPU's compiled program.
+  """
+  axes = op.eqn.params.get("axes")
+  if axes is None or not op.eqn.invars:
+    return False
+  shape = getattr(op.eqn.invars[0].aval, "shape", None)
+  return shape is not None and all(shape[a] == 1 for a in axes)
+
+
+def _by_constant(program: Program, op: Op) -> bool:
+  """Whether ``op`` divides a floating-point value by a scalar literal or constant."""
+  if len(op.inputs) != 2 or not op.eqn.outvars:
+    return False
+  if not np.issubdtype(np.dtype(op.eqn.outvars[0].aval.dtype), np.floating):
+    return False
+  d = op.inputs[1]
+  if not isinstance(d, int):
+    return True                               # a literal
+  v = program.vars[d]
+  return bool(program.constant_like[d]) and not v.shape
 
 
 def _keeps_split(program: Program, op: Op) -> bool:
