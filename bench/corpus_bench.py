@@ -38,6 +38,12 @@ About 15 minutes.
 ``--set fresh`` measures ``bench/corpus/fresh.py``: steps written after the
 last estimate change of issue 14, when the held-out steps had served to
 diagnose the estimate; into ``bench/results/fresh.{json,md}``. About 10 minutes.
+Its graph attention step led to estimate changes after its first run, which is
+kept in ``bench/results/fresh_first.json`` and summarized next to the current one.
+
+``--set unseen`` measures ``bench/corpus/unseen.py``: steps written after those
+changes, when the fresh set had served to diagnose the estimate; into
+``bench/results/unseen.{json,md}``. About 12 minutes.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
@@ -77,12 +83,14 @@ LOW = 0.3
 BEFORE = RESULTS / "corpus_before_aliasing.json"
 #: The first run on the held-out steps, before the change made after measuring them.
 HELDOUT_FIRST = RESULTS / "heldout_first.json"
+#: The first run on the fresh steps, before the changes made after measuring them.
+FRESH_FIRST = RESULTS / "fresh_first.json"
 #: Per ``--set``: the family modules, the results files' stem, and the first
-#: run summarized beside the current one (``None`` for the fresh steps: their
-#: first run, ``fresh_first.json``, is kept as it came and is the current
+#: run summarized beside the current one (``None`` for the unseen steps: their
+#: first run, ``unseen_first.json``, is kept as it came and is the current
 #: run's twin until the estimate changes after it).
 SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
-        "fresh": (FRESH, "fresh", None)}
+        "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", None)}
 
 
 def _fresh(args: Any) -> Any:
@@ -300,7 +308,13 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
   if which == "fresh":
     head = (f"`python bench/corpus_bench.py --set fresh` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
-            f"{len(families)} families from `bench/corpus/fresh.py`, written after the last "
+            f"{len(families)} families from `bench/corpus/fresh.py`, written after an earlier "
+            "change to jaxmem's estimate and first measured as they came, on XLA:CPU with the "
+            "`ffi` backend.")
+  elif which == "unseen":
+    head = (f"`python bench/corpus_bench.py --set unseen` jax {meta['jax']}, commit "
+            f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
+            f"{len(families)} families from `bench/corpus/unseen.py`, written after the last "
             "change to jaxmem's estimate and measured as they came, on XLA:CPU with the `ffi` "
             "backend.")
   elif heldout:
@@ -340,7 +354,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
       f"* What holds the floor of the {len(budget_errors)} `BudgetError`s (the largest kind "
       f"in each): {_floor_kinds(budget_errors)}." if budget_errors else "* no BudgetError",
       *([f"* Before {before['meta']['change']} (commit `{before['meta']['commit']}`, the first "
-         f"run on {'these steps' if heldout else 'this corpus'}): estimates within ±10% "
+         f"run on {'this corpus' if which == 'main' else 'these steps'}): estimates within ±10% "
          f"{_headline(before['rows'])[0]} of "
          f"{_headline(before['rows'])[1]}, `fit(0.5)` fits {_headline(before['rows'])[2]} "
          f"(`bench/results/{before['meta']['file']}`)."] if before else []),
@@ -357,7 +371,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
                    f"{len(errs)} | {sum(r.get('fit') == 'fits' for r in rs)} / {len(rs)} | "
                    f"{len(ok)} / {len(be)} |")
   title = ("# jaxmem on fresh train steps (`bench/corpus_bench.py --set fresh`)" if which == "fresh"
-           else "# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
+           else "# jaxmem on unseen train steps (`bench/corpus_bench.py --set unseen`)"
+           if which == "unseen" else "# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
            else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
   full = [title, "",
           *summary, "",
@@ -402,9 +417,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help="measure the entries whose name contains this")
   parser.add_argument("--render", action="store_true", help="the tables again from the JSON")
-  parser.add_argument("--set", choices=("main", "heldout", "fresh"), default="main",
-                      help="the main corpus, the held-out steps (bench/corpus/heldout.py) or "
-                           "the fresh ones (bench/corpus/fresh.py)")
+  parser.add_argument("--set", choices=tuple(SETS), default="main",
+                      help="the main corpus, the held-out steps (bench/corpus/heldout.py), "
+                           "the fresh ones (bench/corpus/fresh.py) or the unseen ones "
+                           "(bench/corpus/unseen.py)")
   opts = parser.parse_args()
   families, stem, first = SETS[opts.set]
   path = RESULTS / f"{stem}.json"

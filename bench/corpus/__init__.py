@@ -30,6 +30,10 @@ HELDOUT = ("heldout",)
 #: issue 14, when the held-out steps had served to diagnose the estimate
 #: (``bench/corpus_bench.py --set fresh``).
 FRESH = ("fresh",)
+#: The unseen set (``unseen.py``): written after the fresh set had served to
+#: diagnose the estimate (its graph attention step), measured as it came
+#: (``bench/corpus_bench.py --set unseen``).
+UNSEEN = ("unseen",)
 
 
 @dataclasses.dataclass(frozen=True)
