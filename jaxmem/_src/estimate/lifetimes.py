@@ -42,7 +42,8 @@ class Profile:
       away, or merged into an identical earlier value by CSE).
     stored_broadcasts: ``(value id, bytes, first, last)`` of the full-size
       broadcasts of operands the estimate counts as stored
-      (``Flow.shared_reads``), live from their first reader to the last reduction fusion reading them.
+      (``Flow.shared_reads``), live from their first reader to the last
+      reduction fusion reading them.
     hidden_at_peak: ``(kind, bytes)`` of the buffers at the peak that are
       no value of the program (XLA's own, kinds in :data:`HIDDEN_KINDS`;
       those kept on chip count negative), for each kind with any.
@@ -872,7 +873,7 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
             fuses and len(cs) == 1 and fuses[cs[0]] == FUSES_SOLE and consumers[o] == cs
             and indexing is not None and indexing[s] == INDEX_SAME):
           continue
-        one_fusion = not __import__('os').environ.get('OFF_E') and indexing is not None and _reductions_come_back(flow, consumers, groups, cs)
+        one_fusion = indexing is not None and _reductions_come_back(flow, consumers, groups, cs)
         if indexing is not None and len(cs) > 1 and not one_fusion:
           closed = _closed_readers(flow, cs, groups, closed_roots)
           if closed:
@@ -969,7 +970,7 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
       closed = _closed_readers(flow, sorted(set(readers)), groups, closed_roots)
       if not closed:
         continue
-      last = max(_horizon(flow, virtual, end, pos, c) for c in (readers if __import__('os').environ.get('OFF_A') else closed))
+      last = max(_horizon(flow, virtual, end, pos, c) for c in closed)
     else:
       last = max(_horizon(flow, virtual, end, pos, c) for c in readers)
       if last <= first:        # one reader: fused into it, nothing stored

@@ -295,7 +295,7 @@ def shared_broadcasts(program: Program) -> tuple[tuple[tuple[int, int], ...], ..
           local = out_elems * out.nbytes // out.global_nbytes if out.global_nbytes else out_elems
           nbytes = v.global_nbytes // size * local
           found.append((pos, x, nbytes))
-        elif not __import__('os').environ.get('OFF_B') and _masked_gather(program, x):
+        elif _masked_gather(program, x):
           found.append((pos, x, v.nbytes))
     cands.append(found)
   return tuple(tuple((pos, b) for pos, x, b in found) for found in cands)
@@ -389,9 +389,9 @@ def op_fusion_kind(program: Program, op: Op) -> Fusion:
   facts = primitives.facts(op.primitive)
   if op.primitive == "sharding_constraint" and _keeps_split(program, op):
     return Fusion.VIEW
-  if not __import__('os').environ.get('OFF_C') and facts.fusion is Fusion.REDUCE and _trivial_reduction(op):
+  if facts.fusion is Fusion.REDUCE and _trivial_reduction(op):
     return Fusion.VIEW
-  if not __import__('os').environ.get('OFF_D') and op.primitive == "div" and _by_constant(program, op):
+  if op.primitive == "div" and _by_constant(program, op):
     # XLA's algebraic simplifier turns `x / c` into `x * (1 / c)` for a
     # floating-point constant `c` (a mean's division by the count): a cheap
     # multiply, duplicated into every fusion that reads it.
