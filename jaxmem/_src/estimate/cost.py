@@ -251,8 +251,16 @@ class OpCosts:
       memory = (self.nbytes / np.where(self.reduction, reduce, stream) if stream
                 else np.zeros_like(compute))
       out = np.maximum(compute, memory) + profile.op_overhead_s
-    for k, eqn in self.bodies:
-      out[k] = eqn_seconds(eqn, profile, fused=fused)
+    if self.bodies:
+      # An op with a body is priced equation by equation, the same whether
+      # it is fused or not: once per device profile (a planner asks for
+      # these times on every plan it prices; a step of scans spent a sixth
+      # of `fit`'s time here).
+      memo = self.__dict__.setdefault("_body_seconds_memo", {})
+      if profile not in memo:
+        memo[profile] = [(k, eqn_seconds(eqn, profile)) for k, eqn in self.bodies]
+      for k, t in memo[profile]:
+        out[k] = t
     return out
 
   def accessed_bytes(self, *, fused: bool) -> np.ndarray:
