@@ -1,14 +1,23 @@
-"""How long ``jaxmem.fit`` takes on chosen corpus steps (issue 14: under 60 s on any step).
+"""How long ``jaxmem.fit`` takes on chosen corpus steps, beside a baseline commit (issue 14: under 60 s).
 
 ``bench/corpus_bench.py`` times every step of the corpus at 0.5 and 0.3 of
-its unplanned compiled peak in one long run; this re-times a few of them
-(by default the slowest of the last corpus runs) after a change to the
-search, without re-measuring everything. Per step and budget: ``fit``'s
-wall time (tracing, planning, rewriting, compiling and checking, as a user
-waits for it), its outcome and the compile rounds it took.
+its unplanned compiled peak in one long run; this re-times a few of them (by
+default the slowest of the last corpus runs, all four sets) after a change
+to the search, without re-measuring everything. Per step and budget:
+``fit``'s wall time (tracing, planning, rewriting, compiling and checking, as
+a user waits for it), its outcome (the compiled peak, or the ``BudgetError``'s
+smallest reachable peak), and the XLA compiles it made and their time (from
+``jax.monitoring``'s ``backend_compile_duration`` events).
 
-Run: ``python bench/fit_times.py [--steps NAME,NAME] [--fractions 0.5,0.3]``;
-writes ``bench/results/fit_times.{json,md}``. A few minutes on 2 CPUs.
+With ``--baseline REF`` every measurement is made twice, one after the
+other in fresh processes: with the package of commit ``REF`` (checked out
+into a temporary git worktree and imported from there; the native extension
+is the installed one) and with this checkout. Times from one run on a shared
+machine are comparable with each other, not with another run's.
+
+Run: ``python bench/fit_times.py [--steps NAME,NAME] [--fractions 0.5,0.3]
+[--baseline REF]``; writes ``bench/results/fit_times.{json,md}``. About an
+hour on 2 CPUs with a baseline and the default steps.
 """
 
 from __future__ import annotations
@@ -18,73 +27,159 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-
-import jaxmem  # noqa: E402
-
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _results import commit  # noqa: E402
-from corpus import FAMILIES, HELDOUT, all_entries  # noqa: E402
-
+ROOT = HERE.parent
 RESULTS = HERE / "results"
 MiB = 2 ** 20
-#: The steps whose `fit` took longest in the corpus runs at commit d24bc48.
-SLOWEST = ("rnn/lstm-unrolled-m", "rnn/lstm-unrolled-s", "mobilenet/v2-s",
-           "attention/scan-decoder-m", "ssm/diag-scan-s", "ssm/diag-scan-m")
+#: The steps whose `fit` took over 60 s in the last corpus runs (`bench/results/
+#: corpus.json`, `heldout.json`, `fresh.json`, `unseen.json`), at the budget that did.
+SLOWEST = ("gan/dcgan-s@0.5", "gan/dcgan-m@0.5", "attention/gpt-postln-m@0.5",
+           "convnext/convnext-s@0.3", "convnext/convnext-m@0.5", "convnext/convnext-m@0.3",
+           "rl/sac-s@0.3", "perceiver/latent-s@0.5", "perceiver/latent-s@0.3",
+           "ctc/bigru-s@0.3", "swin/shifted-s@0.3", "ddpm/unet-s@0.5", "ddpm/unet-s@0.3")
 LIMIT_S = 60.0
 
 
-def time_fit(entry: Any, fraction: float) -> dict[str, Any]:
+def time_fit(name: str, fraction: float) -> dict[str, Any]:
+  """One ``fit`` of corpus step ``name`` at ``fraction`` of its peak, in this process."""
+  import jax  # noqa: F401 (imported here: the subprocess picks the package's path first)
+  import jax.monitoring
+
+  import jaxmem
+  sys.path.insert(0, str(HERE))
+  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
+
+  entry = next(e for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN) if e.name == name)
+  compiles: list[float] = []
+
+  def on_event(event: str, seconds: float, **_: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
   step, args = entry.make()
   t0 = time.perf_counter()
   try:
     res = jaxmem.fit(fraction, donate_argnums=entry.donate)(step).fit_result(*args)
-    out = dict(outcome="fits", peak_mib=round(res.peak_bytes / MiB, 2), rounds=res.rounds,
-               planner=res.plan.planner)
+    out: dict[str, Any] = dict(outcome="fits", peak_mib=round(res.peak_bytes / MiB, 2),
+                               rounds=res.rounds)
   except jaxmem.BudgetError as e:
     out = dict(outcome="BudgetError", peak_mib=round(e.smallest_bytes / MiB, 2))
   out["fit_s"] = round(time.perf_counter() - t0, 1)
-  return dict(step=entry.name, fraction=fraction, **out)
+  out["compiles"] = len(compiles)
+  out["compile_s"] = round(sum(compiles), 1)
+  return out
+
+
+def measure(name: str, fraction: float, package_root: pathlib.Path) -> dict[str, Any]:
+  """``time_fit`` in a fresh process that imports ``jaxmem`` from ``package_root``."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(package_root), os.environ.get("PYTHONPATH", "")]))
+  code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import fit_times; "
+          f"print('RESULT ' + json.dumps(fit_times.time_fit({name!r}, {fraction!r})))")
+  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return json.loads(line[len("RESULT "):])
+  raise RuntimeError(f"{name} at {fraction} failed:\n{proc.stderr[-3000:]}")
+
+
+def _commit(ref: str = "HEAD") -> str:
+  return subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
+                        text=True, check=True).stdout.strip()
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", default=",".join(SLOWEST))
+  parser.add_argument("--steps", default=",".join(SLOWEST),
+                      help="NAME or NAME@FRACTION, comma-separated (NAME: all of --fractions)")
   parser.add_argument("--fractions", default="0.5,0.3")
+  parser.add_argument("--baseline", default="", help="a git ref to time beside this checkout")
   opts = parser.parse_args()
-  names = [n for n in opts.steps.split(",") if n]
-  entries = {e.name: e for e in all_entries(FAMILIES) + all_entries(HELDOUT)}
-  unknown = sorted(set(names) - set(entries))
-  if unknown:
-    raise SystemExit(f"unknown steps {unknown}; the corpus has {sorted(entries)}")
-  rows = []
-  for name in names:
-    for fraction in (float(f) for f in opts.fractions.split(",")):
-      print(f"{name} at {fraction} ...", flush=True)
-      rows.append(time_fit(entries[name], fraction))
-      print(json.dumps(rows[-1]), flush=True)
-  meta = dict(jax=jax.__version__, commit=commit(),
+  sys.path.insert(0, str(HERE))
+  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
+  known = {e.name for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN)}
+  cases = []
+  for item in (s for s in opts.steps.split(",") if s):
+    name, _, at = item.partition("@")
+    if name not in known:
+      raise SystemExit(f"`--steps`: unknown step {name!r}; the corpus has {sorted(known)}")
+    cases += [(name, float(f)) for f in (at.split() if at else opts.fractions.split(","))]
+
+  import jax
+  meta = dict(jax=jax.__version__, commit=_commit(),
               machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+  with tempfile.TemporaryDirectory() as tmp:
+    roots = {"this": ROOT}
+    if opts.baseline:
+      meta["baseline"] = _commit(opts.baseline)
+      worktree = pathlib.Path(tmp) / "baseline"
+      subprocess.run(["git", "worktree", "add", "--detach", str(worktree), opts.baseline],
+                     cwd=ROOT, check=True, capture_output=True)
+      roots = {"baseline": worktree, "this": ROOT}
+    rows = []
+    try:
+      for i, (name, fraction) in enumerate(cases):
+        row: dict[str, Any] = dict(step=name, fraction=fraction)
+        for which, root in roots.items():
+          print(f"[{i + 1}/{len(cases)}] {name} at {fraction}, {which} ...", flush=True)
+          row[which] = measure(name, fraction, root)
+          print("  " + json.dumps(row[which]), flush=True)
+        rows.append(row)
+    finally:
+      if opts.baseline:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT,
+                       check=False, capture_output=True)
   RESULTS.mkdir(parents=True, exist_ok=True)
   (RESULTS / "fit_times.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-  over = [r for r in rows if r["fit_s"] > LIMIT_S]
-  lines = ["# `fit` time on the slowest corpus steps (`bench/fit_times.py`)", "",
-           f"`python bench/fit_times.py` jax {meta['jax']}, commit `{meta['commit']}`, "
-           f"{meta['machine']}: wall time of `jaxmem.fit` (tracing, planning, rewriting, "
-           f"compiling, checking). Over {LIMIT_S:.0f} s: {len(over)} of {len(rows)}.", "",
-           "| step | budget | outcome | peak MiB | rounds | fit s |", "|---|---|---|---|---|---|"]
-  for r in rows:
-    lines.append(f"| {r['step']} | {r['fraction']} | {r['outcome']} | {r['peak_mib']} | "
-                 f"{r.get('rounds', '—')} | {r['fit_s']} |")
-  (RESULTS / "fit_times.md").write_text("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  (RESULTS / "fit_times.md").write_text(render(meta, rows))
+  print(render(meta, rows))
+
+
+def _cell(r: dict[str, Any]) -> str:
+  return (f"{r['outcome']} {r['peak_mib']} | {r['compiles']} | {r['fit_s']}")
+
+
+def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+  over = sum(r["this"]["fit_s"] > LIMIT_S for r in rows)
+  base = "baseline" in meta
+  head = (f"`python bench/fit_times.py{' --baseline ' + meta['baseline'] if base else ''}` "
+          f"jax {meta['jax']}, commit `{meta['commit']}`, {meta['machine']}: wall time of "
+          "`jaxmem.fit` (tracing, planning, rewriting, compiling, checking), in a fresh "
+          "process per measurement; the outcome is the compiled peak in MiB, or the "
+          "`BudgetError`'s smallest reachable peak; compiles are XLA's (the unplanned step's "
+          "included).")
+  lines = ["# `fit` time on the slowest corpus steps (`bench/fit_times.py`)", "", head, ""]
+  summary = f"* Over {LIMIT_S:.0f} s: **{over} of {len(rows)}** at `{meta['commit']}`"
+  if base:
+    was = sum(r["baseline"]["fit_s"] > LIMIT_S for r in rows)
+    same = sum((r["baseline"]["outcome"], r["baseline"]["peak_mib"])
+               == (r["this"]["outcome"], r["this"]["peak_mib"]) for r in rows)
+    total = [sum(r[w]["fit_s"] for r in rows) for w in ("baseline", "this")]
+    comp = [sum(r[w]["compiles"] for r in rows) for w in ("baseline", "this")]
+    summary += (f", {was} of {len(rows)} at `{meta['baseline']}`; all steps together "
+                f"{total[0]:.0f} s -> {total[1]:.0f} s, {comp[0]} -> {comp[1]} compiles; "
+                f"the same outcome and peak on {same} of {len(rows)}.")
+  lines += [summary, ""]
+  if base:
+    lines += [f"| step | budget | `{meta['baseline']}`: outcome | compiles | fit s "
+              f"| `{meta['commit']}`: outcome | compiles | fit s |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['step']} | {r['fraction']} | {_cell(r['baseline'])} | {_cell(r['this'])} |"
+              for r in rows]
+  else:
+    lines += ["| step | budget | outcome | compiles | fit s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['step']} | {r['fraction']} | {_cell(r['this'])} |" for r in rows]
+  return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

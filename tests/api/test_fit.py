@@ -286,6 +286,30 @@ def test_a_failing_fit_compiles_each_plan_once(mlp_small, monkeypatch):
   assert compiled and len(set(compiled)) == len(compiled)
 
 
+def test_a_search_out_of_reach_stops_at_autos_floor(mlp_small, monkeypatch):
+  # At half this MLP's peak `auto`'s first plan is also its most aggressive,
+  # and it compiles 1.35x the budget (more than `FLOOR_REACH` leaves room
+  # for): the fallback planners' rounds (greedy's compiled to the same peak)
+  # are not compiled, and the smallest peak the error reports is still
+  # reached when asked for.
+  from jaxmem._src.api import fit as fit_lib
+  step, args = mlp_small
+  compiled = []
+  jit_plan = fit_lib.jit_plan
+
+  def counting(plan, **kwargs):
+    compiled.append(plan.planner)
+    return jit_plan(plan, **kwargs)
+
+  monkeypatch.setattr(fit_lib, "jit_plan", counting)
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.5)(step)(*args)
+  assert len(compiled) == 1 and compiled[0].startswith("auto"), compiled
+  assert info.value.smallest_bytes > (1 - fit_lib.FLOOR_REACH) ** -1 * info.value.budget_bytes
+  ok = jaxmem.fit(info.value.smallest_bytes)(step).fit_result(*args)
+  assert ok.peak_bytes <= info.value.smallest_bytes
+
+
 def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   # This CNN at 0.6 of its peak: the first plan (one decision) compiles 11% under
   # the budget, so `relax` plans for a target raised by the unused bytes, and

@@ -433,9 +433,15 @@ class Fitted:
     def floor_attempt(options: dict[str, Any], planner: Planner | None) -> _Attempt:
       floor = attempt(0, options, planner, tightest_limit)
       # `auto`'s floor is made by every search that fails, so a budget of its
-      # peak reaches it; the single planners' are not (`out_of_reach`), and
-      # are reported only when a search for their peak fits.
-      if planner is None:
+      # peak reaches it. On XLA:CPU the single planners' are not
+      # (`out_of_reach`, `within_reach`) and are reported only when a search
+      # for their peak fits; elsewhere no planner's rounds are skipped, and
+      # each planner's floor (its plan for target 0 under the tightest
+      # scheduler limit, whatever the budget) is made by every search that
+      # fails before it (a 12-layer MLP at 0.2 of its v5e peak: selective
+      # recomputation's floor, 124.1 MiB, was checked by a search of six
+      # compiles of 20 s that ended in that same compile).
+      if planner is None or target.platform != "cpu":
         floors.append(floor)
       return floor
 
@@ -468,7 +474,11 @@ class Fitted:
       return True
 
     def search(budget: int) -> _Attempt | None:
-      """Plan-compile rounds for ``budget``: the first attempt whose compiled peak fits, or ``None``."""
+      """Plan-compile rounds for ``budget``: the first attempt whose compiled peak fits, or ``None``.
+
+      When `auto`'s first round and its most aggressive plan both compile far
+      above the budget (``within_reach``), no other round is compiled.
+      """
       # Arguments and outputs are the same whatever the plan: the budget's
       # share for temporaries is what the target's scheduler may be told to
       # keep to (`Target.memory_limit_options`; XLA:TPU only). Rounds tighten
@@ -508,8 +518,60 @@ class Fitted:
           found, cost = looser, looser_cost
         return found
 
-      def rounds(options: dict[str, Any], planner: Planner | None = None) -> _Attempt | None:
-        """Plan-compile rounds, tightening the target (and the scheduler limit) by the overshoot."""
+      def beyond_any_limit(last: _Attempt) -> bool:
+        """Whether ``last`` compiled too far above the budget for a tighter scheduler limit to help.
+
+        The same plan under the tightest limit compiled at best a quarter lower
+        (141 -> 105 MiB, a GPT of 2 blocks on a v5e); above ``LIMIT_REACH``
+        times the budget that compile is not made (an MLP of 12 layers on a
+        v5e at 0.2 of its peak: three plans at 2.1-5.0x the budget compiled to
+        the same peak under both limits, 3 of its 16 compiles of 20 s).
+        """
+        if last.memory.peak_bytes <= LIMIT_REACH * budget:
+          return False
+        self._log(f"compiled {last.memory.peak_bytes / budget:.2f}x the budget: not compiled "
+                  f"again under a tighter scheduler limit")
+        return True
+
+      def within_reach(first: _Attempt, options: dict[str, Any]) -> bool:
+        """Whether ``first``, `auto`'s first round that missed the budget, leaves the budget in reach.
+
+        `auto`'s most aggressive plan (``floor_attempt``, which a search that
+        fails makes anyway) is compiled next. When the lower of the two
+        compiled peaks, less ``FLOOR_REACH`` of it, is still over the budget,
+        no other round of this search is expected to fit and none is
+        compiled. Both are needed: the most aggressive plan may compile far
+        above a milder one (a ConvNeXt at 0.3 of its peak: 98.9 MiB against
+        the first round's 57.4 MiB), and the first round above the floor (a
+        diffusion UNet at 0.3: 45.1 MiB against 39.3 MiB). The margin is
+        there because the compiled peak does not follow the planner's target
+        everywhere: later rounds compiled up to 13% below the lower of the
+        two in ``bench/corpus/`` (the CTC GRU with its scans recomputed:
+        34.0 MiB under 38.9 MiB). Only on XLA:CPU, whose compiled peaks the
+        estimate is measured against (``bench/results/corpus.md``): on a TPU
+        `auto`'s whole segments are not the lowest plans of a search (an MLP
+        of 12 layers at 0.2 of its v5e peak: 170.6 MiB, where selective
+        recomputation's floor reached 124.1 MiB).
+        """
+        if target.platform != "cpu":
+          return True
+        floor = floor_attempt(options, None)
+        lowest = min(first.memory.peak_bytes, floor.memory.peak_bytes)
+        if lowest * (1.0 - FLOOR_REACH) <= budget:
+          return True
+        self._log(f"the first and the most aggressive plans compiled to {format_bytes(lowest)} "
+                  f"at best, {lowest / budget:.2f}x the budget: no other round expected to fit")
+        return False
+
+      def rounds(options: dict[str, Any], planner: Planner | None = None,
+                 reach_check: bool = False) -> _Attempt | None:
+        """Plan-compile rounds, tightening the target (and the scheduler limit) by the overshoot.
+
+        With ``reach_check``, a first round that does not fit is followed by
+        ``within_reach``: out of reach, the rounds end there and
+        ``search`` tries no other planner (``hopeless``).
+        """
+        nonlocal hopeless
         target, limit = budget, first_limit
         last = None
         best, best_target = None, target
@@ -533,6 +595,9 @@ class Fitted:
           previous, last = last, attempt(target, options, planner, limit)
           if last.memory.peak_bytes <= budget:
             return relax(last, options, planner)
+          if reach_check and previous is None and not within_reach(last, options):
+            hopeless = True
+            return None
           if best is None or last.memory.peak_bytes < best.memory.peak_bytes:
             best, best_target = last, target
           if previous is not None and last.memory.peak_bytes >= previous.memory.peak_bytes:
@@ -563,7 +628,7 @@ class Fitted:
             # the scheduler may still be held tighter (the GPT at 0.3 of its
             # peak on a v5e: the same plan compiled to 386 MiB at 13% of the
             # HBM for temporaries).
-            if limit is None or limit <= floor_limit:
+            if limit is None or limit <= floor_limit or beyond_any_limit(last):
               break
             limit = floor_limit
             continue
@@ -575,7 +640,7 @@ class Fitted:
             # not help, the tightest schedule may (a GPT of 2 blocks on a v5e:
             # the same remat plan compiled to 141 MiB with the scheduler limited
             # to 107 MiB of temporaries, to 105 MiB with 62 MiB).
-            if tighter_limit is None:
+            if tighter_limit is None or beyond_any_limit(last):
               break
             limit = floor_limit
             continue
@@ -594,8 +659,10 @@ class Fitted:
 
       found = None
       searching.append([])
+      hopeless = False   # set by `rounds` (`within_reach`)
       if budget >= _hard_floor(program, donate):
         for options in _compiler_option_sets(self.compiler_fallback, target.platform):
+          hopeless = False
           # `auto` picks by simulated time; when its plans overshoot in the
           # compiled program, its single planners get their own rounds.
           # A group's planners compete: each one's rounds run, and of the
@@ -603,13 +670,15 @@ class Fitted:
           for group in self._planner_groups():
             fitting = []
             for planner in group:
+              if hopeless:
+                break
               if planner is not None and out_of_reach(planner, budget):
                 continue
-              made = rounds(options, planner)
+              made = rounds(options, planner, reach_check=planner is None)
               if made is not None:
                 fitting.append(made)
-            if fitting:
-              found = self._cheapest(fitting)
+            if fitting or hopeless:
+              found = self._cheapest(fitting) if fitting else None
               break
           if found is not None:
             break
@@ -773,9 +842,14 @@ class Fitted:
       # the scheduler limit, the targets). Measured before this check: an
       # 8-layer MLP on a v5e reported 148, 164 and 196 MiB for budgets of 0.4,
       # 0.3 and 0.2 of its peak; VGG-16 7037 MiB at 0.5 and 5668 at 0.3.
+      # The check is a whole search: made only when it may lower the figure
+      # by more than ``CHECK_GAIN`` (a ConvNeXt at 0.3 of its peak: six
+      # compiles to check 13.68 MiB against a floor of 13.92 MiB, and the
+      # check failed).
       best = min(floors, key=lambda t: t.memory.peak_bytes)
       lowest = min(tried, key=lambda t: t.memory.peak_bytes)
-      if lowest.memory.peak_bytes < min(best.memory.peak_bytes, base_mem.peak_bytes):
+      if lowest.memory.peak_bytes < (1.0 - CHECK_GAIN) * min(best.memory.peak_bytes,
+                                                             base_mem.peak_bytes):
         self._log(f"checking that a budget of {format_bytes(lowest.memory.peak_bytes)} is reached")
         if search(lowest.memory.peak_bytes) is not None:
           best = lowest
@@ -963,6 +1037,22 @@ BISECTIONS = 2
 # `out_of_reach` in `Fitted._fit`: how far below its scaled estimate a single
 # planner's plan may still compile before its rounds are skipped.
 OUT_OF_REACH_MARGIN = 0.15
+
+# `within_reach` in `Fitted._fit`: how far above the budget `auto`'s most
+# aggressive plan may compile (as a share of its peak) with rounds still made.
+# Rounds have compiled up to 12-13% below that plan (a soft actor-critic
+# update at 0.3 of its peak: 42.6 MiB under a floor of 48.6 MiB; a CTC GRU
+# with its scans recomputed: 34.0 under 38.9 MiB).
+FLOOR_REACH = 0.2
+
+# `beyond_any_limit`: above this multiple of the budget, a plan is not compiled
+# again under a tighter scheduler limit (XLA:TPU).
+LIMIT_REACH = 1.5
+
+# A `BudgetError`'s smallest peak: a peak some round reached is checked by a
+# search for it (and reported when reached) only when it is lower than the
+# floors' by more than this share.
+CHECK_GAIN = 0.03
 
 # `relax`: looser plans tried after a fit, and the unused share of the budget
 # (of its compiled peak) below which the fitting plan is kept as it is.
