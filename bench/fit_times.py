@@ -64,8 +64,8 @@ def time_fit(name: str, fraction: float) -> dict[str, Any]:
     if event == "/jax/core/compile/backend_compile_duration":
       compiles.append(seconds)
 
-  jax.monitoring.register_event_duration_secs_listener(on_event)
   step, args = entry.make()
+  jax.monitoring.register_event_duration_secs_listener(on_event)
   t0 = time.perf_counter()
   try:
     res = jaxmem.fit(fraction, donate_argnums=entry.donate)(step).fit_result(*args)
@@ -84,13 +84,18 @@ def measure(name: str, fraction: float, package_root: pathlib.Path) -> dict[str,
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(package_root), os.environ.get("PYTHONPATH", "")]))
   code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import fit_times; "
-          f"print('RESULT ' + json.dumps(fit_times.time_fit({name!r}, {fraction!r})))")
+          f"print('RESULT ' + json.dumps(fit_times.time_fit({name!r}, {fraction!r}))); "
+          f"import jaxmem; print('PACKAGE ' + jaxmem.__file__)")
+  # Run from the package's folder: `python -c` puts the working directory first on the path.
   proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                        check=False)
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return json.loads(line[len("RESULT "):])
-  raise RuntimeError(f"{name} at {fraction} failed:\n{proc.stderr[-3000:]}")
+                        check=False, cwd=package_root)
+  lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines()
+               if line.startswith(("RESULT ", "PACKAGE ")))
+  if "RESULT" not in lines:
+    raise RuntimeError(f"{name} at {fraction} failed:\n{proc.stderr[-3000:]}")
+  if not pathlib.Path(lines["PACKAGE"]).resolve().is_relative_to(package_root.resolve()):
+    raise RuntimeError(f"measured jaxmem from {lines['PACKAGE']}, not from {package_root}")
+  return json.loads(lines["RESULT"])
 
 
 def _commit(ref: str = "HEAD") -> str:

@@ -523,9 +523,10 @@ class Fitted:
 
         The same plan under the tightest limit compiled at best a quarter lower
         (141 -> 105 MiB, a GPT of 2 blocks on a v5e); above ``LIMIT_REACH``
-        times the budget that compile is not made (an MLP of 12 layers on a
-        v5e at 0.2 of its peak: three plans at 2.1-5.0x the budget compiled to
-        the same peak under both limits, 3 of its 16 compiles of 20 s).
+        times the budget that compile is not made, and the rounds go on to
+        the planner's floor (an MLP of 12 layers on a v5e at 0.2 of its peak:
+        three plans at 2.1-5.0x the budget compiled to the same peak under
+        both limits; one of them was not already its planner's floor).
         """
         if last.memory.peak_bytes <= LIMIT_REACH * budget:
           return False
@@ -536,10 +537,11 @@ class Fitted:
       def within_reach(first: _Attempt, options: dict[str, Any]) -> bool:
         """Whether ``first``, `auto`'s first round that missed the budget, leaves the budget in reach.
 
-        `auto`'s most aggressive plan (``floor_attempt``, which a search that
-        fails makes anyway) is compiled next. When the lower of the two
-        compiled peaks, less ``FLOOR_REACH`` of it, is still over the budget,
-        no other round of this search is expected to fit and none is
+        When ``first``'s peak less ``FLOOR_REACH`` of it is still over the
+        budget, `auto`'s most aggressive plan (``floor_attempt``, which a
+        search that fails makes anyway) is compiled next; when the lower of
+        the two compiled peaks, less ``FLOOR_REACH`` of it, is still over the
+        budget, no other round of this search is expected to fit and none is
         compiled. Both are needed: the most aggressive plan may compile far
         above a milder one (a ConvNeXt at 0.3 of its peak: 98.9 MiB against
         the first round's 57.4 MiB), and the first round above the floor (a
@@ -553,7 +555,7 @@ class Fitted:
         of 12 layers at 0.2 of its v5e peak: 170.6 MiB, where selective
         recomputation's floor reached 124.1 MiB).
         """
-        if target.platform != "cpu":
+        if target.platform != "cpu" or first.memory.peak_bytes * (1.0 - FLOOR_REACH) <= budget:
           return True
         floor = floor_attempt(options, None)
         lowest = min(first.memory.peak_bytes, floor.memory.peak_bytes)
