@@ -268,9 +268,11 @@ def test_transformations_of_a_fitted_step_are_explained():
 
 
 def test_a_failing_fit_compiles_each_plan_once(mlp_small, monkeypatch):
-  # Half of this MLP's peak is out of reach (parameters, adam state and their
-  # updated copies are most of it). `auto`'s fallbacks (greedy, segments) and
-  # tighter targets return plans already compiled: each is compiled once.
+  # 0.6 of this MLP's peak is out of reach (parameters, adam state and their
+  # updated copies are most of it), but near enough `auto`'s first plan
+  # (`FLOOR_REACH`) for the fallbacks to be tried. `auto`'s fallbacks (greedy,
+  # segments) and tighter targets return plans already compiled: each is
+  # compiled once.
   from jaxmem._src.api import fit as fit_lib
   step, args = mlp_small
   compiled = []
@@ -282,8 +284,8 @@ def test_a_failing_fit_compiles_each_plan_once(mlp_small, monkeypatch):
 
   monkeypatch.setattr(fit_lib, "jit_plan", counting)
   with pytest.raises(jaxmem.BudgetError):
-    jaxmem.fit(0.5)(step)(*args)
-  assert compiled and len(set(compiled)) == len(compiled)
+    jaxmem.fit(0.6)(step)(*args)
+  assert len(compiled) >= 2 and len(set(compiled)) == len(compiled)
 
 
 def test_a_search_out_of_reach_stops_at_autos_floor(mlp_small, monkeypatch):
