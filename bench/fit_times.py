@@ -50,8 +50,7 @@ LIMIT_S = 60.0
 
 def time_fit(name: str, fraction: float) -> dict[str, Any]:
   """One ``fit`` of corpus step ``name`` at ``fraction`` of its peak, in this process."""
-  import jax  # noqa: F401 (imported here: the subprocess picks the package's path first)
-  import jax.monitoring
+  import jax.monitoring  # imported here: the subprocess picks the package's path first
 
   import jaxmem
   sys.path.insert(0, str(HERE))
@@ -98,7 +97,8 @@ def measure(name: str, fraction: float, package_root: pathlib.Path) -> dict[str,
   return json.loads(lines["RESULT"])
 
 
-def _commit(ref: str = "HEAD") -> str:
+def _short(ref: str) -> str:
+  """The short hash of git ref ``ref``."""
   return subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
                         text=True, check=True).stdout.strip()
 
@@ -111,6 +111,7 @@ def main() -> None:
   parser.add_argument("--baseline", default="", help="a git ref to time beside this checkout")
   opts = parser.parse_args()
   sys.path.insert(0, str(HERE))
+  from _results import commit
   from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
   known = {e.name for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN)}
   cases = []
@@ -121,12 +122,12 @@ def main() -> None:
     cases += [(name, float(f)) for f in (at.split() if at else opts.fractions.split(","))]
 
   import jax
-  meta = dict(jax=jax.__version__, commit=_commit(),
+  meta = dict(jax=jax.__version__, commit=commit(),
               machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
   with tempfile.TemporaryDirectory() as tmp:
     roots = {"this": ROOT}
     if opts.baseline:
-      meta["baseline"] = _commit(opts.baseline)
+      meta["baseline"] = _short(opts.baseline)
       worktree = pathlib.Path(tmp) / "baseline"
       subprocess.run(["git", "worktree", "add", "--detach", str(worktree), opts.baseline],
                      cwd=ROOT, check=True, capture_output=True)

@@ -661,10 +661,9 @@ class Fitted:
 
       found = None
       searching.append([])
-      hopeless = False   # set by `rounds` (`within_reach`)
       if budget >= _hard_floor(program, donate):
         for options in _compiler_option_sets(self.compiler_fallback, target.platform):
-          hopeless = False
+          hopeless = False   # set by `rounds` (`within_reach`)
           # `auto` picks by simulated time; when its plans overshoot in the
           # compiled program, its single planners get their own rounds.
           # A group's planners compete: each one's rounds run, and of the
