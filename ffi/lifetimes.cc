@@ -428,24 +428,26 @@ Result Estimator::Run() {
   // Early layout copies.
   copiers_.assign(nvals_, {});
   has_copiers_.assign(nvals_, 0);
-  std::vector<std::array<int64_t, 3>> copy_last;   // (x, bytes, last), insertion order
+  // (x, bytes, layout, last), insertion order: one copy per value, size and
+  // layout, however many steps read it (XLA's CSE merges the transposes).
+  std::vector<std::array<int64_t, 4>> copy_last;
   if (!f_.early_copies.ptr.empty()) {
     for (int64_t s = 0; s < n; ++s) {
-      for (const int64_t* k = f_.early_copies.begin(s); k != f_.early_copies.end(s); k += 2) {
-        int64_t x = k[0], b = k[1];
+      for (const int64_t* k = f_.early_copies.begin(s); k != f_.early_copies.end(s); k += 3) {
+        int64_t x = k[0], b = k[1], layout = k[2];
         if (std::find(copiers_[x].begin(), copiers_[x].end(), s) == copiers_[x].end())
           copiers_[x].push_back(s);
         has_copiers_[x] = 1;
         any_copiers_ = true;
         bool found = false;
         for (auto& e : copy_last) {
-          if (e[0] == x && e[1] == b) {
-            e[2] = std::max(e[2], pos_[s]);
+          if (e[0] == x && e[1] == b && e[2] == layout) {
+            e[3] = std::max(e[3], pos_[s]);
             found = true;
             break;
           }
         }
-        if (!found) copy_last.push_back({x, b, pos_[s]});
+        if (!found) copy_last.push_back({x, b, layout, pos_[s]});
       }
     }
   }
@@ -689,7 +691,8 @@ Result Estimator::Run() {
   out.start = std::move(start_);
   out.end = std::move(end_);
   out.is_virtual = std::move(virtual_);
-  out.copy_last = std::move(copy_last);
+  out.copy_last.reserve(copy_last.size());
+  for (const auto& e : copy_last) out.copy_last.push_back({e[0], e[1], e[3]});
   return out;
 }
 
@@ -724,7 +727,7 @@ Result Estimate(const Flow& flow) {
   Check(!flow.inputs.ptr.empty() && !flow.outputs.ptr.empty(), "inputs/outputs missing");
   CheckRows(flow.inputs, n, nvals, "inputs", 1);
   CheckRows(flow.outputs, n, nvals, "outputs", 1);
-  CheckRows(flow.early_copies, n, nvals, "early_copies", 2);
+  CheckRows(flow.early_copies, n, nvals, "early_copies", 3);
   CheckRows(flow.shared_reads, n, nvals, "shared_reads", 2);
   Check(static_cast<int64_t>(flow.start.size()) == nvals &&
             static_cast<int64_t>(flow.end.size()) == nvals &&

@@ -64,8 +64,9 @@ struct Flow {
   // empty when the flow has none).
   Rows forwarded;
   std::vector<uint8_t> has_forwarded;   // per value, or empty
-  // `early_copies` and `shared_reads`: per step, (value, bytes) pairs
-  // flattened (two ints per pair); empty when no step has any.
+  // `early_copies`: per step, (value, bytes, layout) triples flattened;
+  // `shared_reads`: per step, (value, bytes) pairs flattened; empty when no
+  // step has any.
   Rows early_copies, shared_reads;
 };
 

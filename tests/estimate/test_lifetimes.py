@@ -216,15 +216,19 @@ def test_a_layout_copy_made_early_lives_from_its_operand_to_its_reader():
   plain = _flow(kinds, ins, outs, [8, 8, 8, 8, 8], materialized=[0, 4])
   end = list(plain.end)
   end[1] = 1                          # the flow's builder ends `a` at its last other reader
-  early = dataclasses.replace(plain, end=end, early_copies=[[], [], [], [(1, 16)]])
+  early = dataclasses.replace(plain, end=end, early_copies=[[], [], [], [(1, 16, 0)]])
   prof, _ = estimate(early)
   assert prof.intervals[1] == (0, 1)              # `a` dies after the forward conv
   # Step 2: x, b and c (8 each) and the copy (16); `a` itself is gone.
   assert prof.live_bytes[2] == 3 * 8 + 16
   assert estimate(plain)[0].live_bytes[2] == 4 * 8     # x, a, b, c
   # Two readers of one copy (XLA merges the transposes): one buffer, to the last.
-  twice = dataclasses.replace(early, early_copies=[[], [], [(1, 16)], [(1, 16)]])
+  twice = dataclasses.replace(early, early_copies=[[], [], [(1, 16, 0)], [(1, 16, 0)]])
   assert estimate(twice)[0].live_bytes[2] == 3 * 8 + 16
+  # Two readers of `a` in two layouts (a batched dot's operand transposed two
+  # ways): two copies.
+  two = dataclasses.replace(early, early_copies=[[], [], [(1, 16, 1)], [(1, 16, 2)]])
+  assert estimate(two)[0].live_bytes[2] == 3 * 8 + 2 * 16
 
 
 def test_a_cheap_value_copied_early_is_recomputed_in_its_fusible_readers():
@@ -235,7 +239,7 @@ def test_a_cheap_value_copied_early_is_recomputed_in_its_fusible_readers():
   flow = _flow(kinds, ins, outs, [8, 8, 8, 8, 8], materialized=[0, 4])
   end = list(flow.end)
   end[1] = 2
-  flow = dataclasses.replace(flow, end=end, early_copies=[[], [], [], [(1, 8)]])
+  flow = dataclasses.replace(flow, end=end, early_copies=[[], [], [], [(1, 8, 0)]])
   prof, virtual = estimate(flow)
   assert not virtual[1] and prof.intervals[1] == (0, 1)
   assert prof.live_bytes[2] == 4 * 8       # x, the copy, b and c: not `a`

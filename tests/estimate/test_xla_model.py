@@ -88,7 +88,7 @@ def test_conv_layout_copies_and_backend_independence():
   # The result is transposed into the NCHW layout while the convolution runs;
   # the input is copied into the native layout where it is made.
   assert xla_model.hidden_bytes(nchw, "cpu") == (x.nbytes, 0)
-  assert xla_model.early_layout_copies(nchw, "cpu") == ((0, x.nbytes),)
+  assert xla_model.early_layout_copies(nchw, "cpu") == ((0, x.nbytes, 0),)
   assert xla_model.hidden_bytes(nchw, "gpu") == (0, 0)
   assert xla_model.early_layout_copies(nchw, "gpu") == ()
 
@@ -242,7 +242,7 @@ def test_a_max_pool_gradient_is_priced_where_xla_cpu_runs_its_argmax(loss):
   (k,) = [op.index for op in _ops(prog, "select_and_scatter_add")]
   maker = prog.vars[prog.ops[k].inputs[1]].defined_by
   assert memory[maker].hoisted == 4 * 4 * x.size            # s32 iotas, one per dimension
-  assert memory[k].early == ((1, 4 * 4 * x.size // 4),)     # s32[window maxima, 4]
+  assert memory[k].early == ((1, 4 * 4 * x.size // 4, 0),)  # s32[window maxima, 4]
   zeros = x.nbytes if loss is _pooled else 0
   assert memory[k].hoisted == zeros
   compiled = jaxmem.compiled_memory(jax.jit(step).lower(w, x).compile()).peak_bytes
@@ -486,7 +486,7 @@ def test_a_take_along_axis_index_array_is_made_explicit_on_the_cpu():
   prog = trace(jax.grad(loss), (x, i))
   (gather,) = _ops(prog, "gather")
   rows = 8 * 36 * 36
-  assert xla_model.early_layout_copies(gather.eqn, "cpu") == ((1, rows * 4 * 4),)
+  assert xla_model.early_layout_copies(gather.eqn, "cpu") == ((1, rows * 4 * 4, 0),)
   assert xla_model.early_layout_copies(gather.eqn, "tpu") == ()
 
 
@@ -557,3 +557,77 @@ def test_a_broadcast_is_kept_only_until_the_last_reduction_fusion_that_reads_it(
   (stored,) = [b for b in prog.profile.stored_broadcasts if b[1] == 4096 * 4 * 32 * 4]
   (forward_sum,) = [op for op in _ops(prog, "reduce_sum") if op.phase is Phase.FORWARD]
   assert stored[3] <= forward_sum.index + 1 < len(prog.ops) // 2
+
+
+def test_a_dot_without_contracting_dimensions_is_a_fused_multiply():
+  """XLA rewrites an outer product as a multiply of broadcasts: never stored."""
+  def loss(c, u):
+    return jnp.sum(jnp.einsum("bnj,bnjo->bjo", c, u) ** 2)
+  prog = trace(jax.grad(loss, argnums=1), (jnp.ones((2, 6, 3)), jnp.ones((2, 6, 3, 4))))
+  dots = _ops(prog, "dot_general")
+  outer = [op for op in dots if not op.eqn.params["dimension_numbers"][0][0]]
+  inner = [op for op in dots if op.eqn.params["dimension_numbers"][0][0]]
+  assert outer and inner
+  assert all(xla_model.op_fusion_kind(prog, op) is Fusion.CHEAP for op in outer)
+  assert all(xla_model.op_fusion_kind(prog, op) is Fusion.MATERIALIZED for op in inner)
+  assert all(xla_model.early_layout_copies(op.eqn, "cpu") == () for op in outer)
+
+
+def test_batched_dots_read_non_canonical_operands_through_one_copy_per_layout():
+  """XLA:CPU's DotDecomposer transposes an operand whose batch dimensions are
+  not leading; dots reading one value in one layout share the copy, two
+  layouts make two; a weight is copied just before its dot
+  (`xla_model.dot_layout_copies`)."""
+  def routing(c, u, v):
+    return jnp.einsum("bnj,bnjo->bjo", c, u), jnp.einsum("bnjo,bjo->bnj", u, v)
+
+  u = jnp.ones((2, 6, 3, 4))              # [b, n, j, o]
+  c, v = jnp.ones((2, 6, 3)), jnp.ones((2, 3, 4))
+  prog = trace(lambda c, u, v: routing(c, jnp.tanh(u), v), (c, u, v))
+  copies = xla_model.dot_layout_copies(prog)
+  a, b = _ops(prog, "dot_general")
+  # jax makes `u` the right operand of both (contracting n, then o): both
+  # copy all of it, into `[b, j, n, o]` and `[b, j, o, n]`.
+  ((pos_a, nb_a, layout_a),), _ = copies[a.index]
+  ((pos_b, nb_b, layout_b),), _ = copies[b.index]
+  assert (pos_a, nb_a) == (1, u.nbytes) and (pos_b, nb_b) == (1, u.nbytes)
+  assert layout_a != layout_b
+  assert xla_model.op_memory_model(prog, planned=False)[a.index].early == copies[a.index][0]
+  # Arguments are copied while their dot runs, not from the step's start
+  # (`c` too: batch dimensions 0 and 2).
+  prog = trace(routing, (c, u, v))
+  a, _ = _ops(prog, "dot_general")
+  assert xla_model.dot_layout_copies(prog)[a.index] == ((), u.nbytes + c.nbytes)
+  # A canonical batched matmul, a plain one and a weight gradient over a
+  # sequence read their operands as they are.
+  for f, args in ((lambda x, y: jnp.einsum("bij,bjk->bik", x, y),
+                   (jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5)))),
+                  (lambda x, y: x.T @ y, (jnp.ones((8, 3)), jnp.ones((8, 5)))),
+                  (jax.grad(lambda w, x: jnp.sum(jnp.tanh(x) @ w)),
+                   (jnp.ones((8, 5)), jnp.ones((2, 7, 8))))):
+    assert xla_model.dot_layout_copies(trace(f, args)) == {}
+  assert xla_model.dot_layout_copies(trace(routing, (c, u, v), backend="tpu")) == {}
+
+
+def test_the_stacks_of_one_scan_write_into_their_zeros_without_a_copy_beside_them():
+  """Scans' stacked outputs of one shape share XLA:CPU's broadcast of zeros; a
+  buffer of zeros is live beside a scan's stacks only where another scan
+  shares the shape too (`xla_model.scan_stack_zeros`)."""
+  def body(carry, _):
+    y = jnp.tanh(carry)
+    return y, (y, jnp.sin(y))
+
+  def one(x):
+    return jax.lax.scan(body, x, None, length=5)[1]
+
+  def two(x):
+    ys = jax.lax.scan(body, x, None, length=5)[1]
+    zs = jax.lax.scan(body, x * 2, None, length=5)[1]
+    return ys, zs
+
+  x = jnp.ones((16, 8))
+  stack = 5 * x.nbytes
+  assert xla_model.scan_stack_zeros(trace(one, (x,))) == {}
+  prog = trace(two, (x,))
+  scans = _ops(prog, "scan")
+  assert xla_model.scan_stack_zeros(prog) == {op.index: stack for op in scans}

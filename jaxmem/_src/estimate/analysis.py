@@ -147,14 +147,14 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     in_place: tuple[int, ...] = ()) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
-  early = [[(op.inputs[pos], b) for pos, b in m.early] for op, m in zip(program.ops, memory)]
+  early = [[(op.inputs[pos], b, t) for pos, b, t in m.early] for op, m in zip(program.ops, memory)]
   if any(early):
     ends = list(ends)
     # An operand read through an early layout copy is not kept alive by
     # that read (`Flow.early_copies`): its interval ends at its last other use.
-    copied = {(op.index, x) for op, reads in zip(program.ops, early) for x, _ in reads}
+    copied = {(op.index, x) for op, reads in zip(program.ops, early) for x, _, _ in reads}
     for op, reads in zip(program.ops, early):
-      for x, _ in reads:
+      for x, _, _ in reads:
         v = program.vars[x]
         if ends[x] == op.index and ends[x] < program.num_ops:
           ends[x] = max((u for u in v.uses if (u, x) not in copied), default=starts[x])

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class Profile:
 #: The kinds of :attr:`Profile.hidden_at_peak`: XLA's buffers that are no value
 #: of the program, in the order the estimate adds them.
 HIDDEN_KINDS = ("index arrays built up front", "copies of arguments the step overwrites",
-                "layout copies for convolutions", "broadcasts stored for reductions",
+                "layout copies for convolutions and dots", "broadcasts stored for reductions",
                 "working buffers of single ops", "temporaries kept on chip")
 
 
@@ -142,11 +143,12 @@ class Flow:
       their own, their sources living as long as they do (a ``shard_map``
       result that is its argument's buffer, or fused into its readers:
       :func:`~jaxmem._src.estimate.xla_model.shard_map_forwards`).
-    early_copies: per step, ``(value id, bytes)`` of operands it reads
-      through a layout copy made where the operand is made
+    early_copies: per step, ``(value id, bytes, layout)`` of operands it
+      reads through a layout copy made where the operand is made
       (:func:`~jaxmem._src.estimate.xla_model.early_layout_copies`): the copy
       is live from the operand's start to the step, and the step does not
-      keep the operand itself alive.
+      keep the operand itself alive. Steps reading one value in one layout
+      (``layout``, a small integer naming it) share one copy.
     in_place: per step, the position among its inputs of the operand
       whose buffer it writes its result into where that is the operand's
       last read, so the two are never live together (-1: none; a scatter's
@@ -175,7 +177,7 @@ class Flow:
   copies: Mapping[int, int] = dataclasses.field(default_factory=dict)
   forwarded: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
   epilogues: Sequence[bool] | None = None
-  early_copies: Sequence[Sequence[tuple[int, int]]] = ()
+  early_copies: Sequence[Sequence[tuple[int, int, int]]] = ()
   indexing: Sequence[int] | None = None
   in_place: Sequence[int] | None = None
 
@@ -229,7 +231,8 @@ def merge_common_subexpressions(flow: Flow) -> tuple[Flow, dict[int, int]]:
   return dataclasses.replace(flow, step_inputs=inputs, step_outputs=outputs, start=start, end=end,
                              shared_reads=[[(alias.get(x, x), b) for x, b in reads] if reads
                                            else reads for reads in flow.shared_reads],
-                             early_copies=[[(alias.get(x, x), b) for x, b in copies] if copies
+                             early_copies=[[(alias.get(x, x), b, t) for x, b, t in copies]
+                                           if copies
                                            else copies for copies in early]), alias
 
 
@@ -697,17 +700,17 @@ def _native_lifetimes() -> Callable[[Flow, Mapping[int, int]], _Lifetimes] | Non
   return _lifetimes_native
 
 
-def _rows(rows: Sequence[Sequence[int]], n: int, pairs: bool = False) -> tuple[np.ndarray,
-                                                                                np.ndarray]:
-  """Per-step lists as compressed rows (``ptr``, ``idx``); ``pairs`` flattens (value, bytes) pairs."""
+def _rows(rows: Sequence[Sequence[Any]], n: int, width: int = 1) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+  """Per-step lists as compressed rows (``ptr``, ``idx``); ``width`` > 1 flattens tuples of that many ints."""
   lens = np.zeros(n, np.int64)
   lens[:len(rows)] = np.fromiter(map(len, rows), np.int64, len(rows))
-  if pairs:
-    lens *= 2
+  if width > 1:
+    lens *= width
   ptr = np.zeros(n + 1, np.int64)
   np.cumsum(lens, out=ptr[1:])
   flat: Iterable[int] = itertools.chain.from_iterable(rows)
-  if pairs:
+  if width > 1:
     flat = itertools.chain.from_iterable(flat)
   return ptr, np.fromiter(flat, np.int64, int(ptr[-1]))
 
@@ -748,9 +751,9 @@ def _lifetimes_native(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
     cols["fwd_ptr"], cols["fwd_idx"] = _rows(
         [flow.forwarded.get(v, ()) for v in range(nvals)], nvals)
   if any(flow.early_copies):
-    cols["ec_ptr"], cols["ec_idx"] = _rows(flow.early_copies, n, pairs=True)
+    cols["ec_ptr"], cols["ec_idx"] = _rows(flow.early_copies, n, width=3)
   if any(flow.shared_reads):
-    cols["sr_ptr"], cols["sr_idx"] = _rows(flow.shared_reads, n, pairs=True)
+    cols["sr_ptr"], cols["sr_idx"] = _rows(flow.shared_reads, n, width=2)
   assert native_lifetimes.estimate_lifetimes is not None
   pos, start, end, virtual, copy_last, broadcasts = native_lifetimes.estimate_lifetimes(n, cols)
   return _Lifetimes(pos, start, end, virtual.astype(bool),
@@ -771,10 +774,10 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
   end = [pos[e] if e >= 0 else e for e in flow.end]
   consumers: list[list[int]] = [[] for _ in range(nvals)]
   # Early layout copies: the steps that read each value through one, and the
-  # last reader of each copy (one per value and size, however many steps
-  # read it: XLA's CSE merges the transposes).
+  # last reader of each copy (one per value, size and layout, however many
+  # steps read it: XLA's CSE merges the transposes).
   copiers: dict[int, set[int]] = {}
-  copy_last: dict[tuple[int, int], int] = {}
+  copy_last: dict[tuple[int, int, int], int] = {}
   for s, copies in enumerate(flow.early_copies):
     for key in copies:
       copiers.setdefault(key[0], set()).add(s)
@@ -977,7 +980,7 @@ def _lifetimes(flow: Flow, merged: Mapping[int, int]) -> _Lifetimes:
         continue
     stored_broadcasts.append((key[0], key[1], first, last))
   return _Lifetimes(pos, start, end, virtual,
-                    [(x, nbytes, last) for (x, nbytes), last in copy_last.items()],
+                    [(x, nbytes, last) for (x, nbytes, _), last in copy_last.items()],
                     stored_broadcasts)
 
 

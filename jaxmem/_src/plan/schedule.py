@@ -472,8 +472,8 @@ def _step_row(program: AnalyzedProgram, st: Step, m: xla_model.OpMemory
   """
   k = st.op
   ins = tuple(x for x in st.inputs if isinstance(x, int))
-  copies = tuple((st.inputs[pos], b) for pos, b in m.early)  # type: ignore[misc]
-  copied = {x for x, _ in copies}
+  copies = tuple((st.inputs[pos], b, t) for pos, b, t in m.early)  # type: ignore[misc]
+  copied = {x for x, _, _ in copies}
   row = (ins, st.outputs, m.kind, m.transient, m.hoisted,
          tuple((st.inputs[pos], b) for pos, b in m.shared),  # type: ignore[misc]
          copies, not st.recompute and program.movable[k],
