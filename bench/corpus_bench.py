@@ -43,7 +43,9 @@ kept in ``bench/results/fresh_first.json`` and summarized next to the current on
 
 ``--set unseen`` measures ``bench/corpus/unseen.py``: steps written after those
 changes, when the fresh set had served to diagnose the estimate; into
-``bench/results/unseen.{json,md}``. About 12 minutes.
+``bench/results/unseen.{json,md}``. About 12 minutes. Its capsule and Sinkhorn
+steps led to estimate changes after its first run, which is kept in
+``bench/results/unseen_first.json`` and summarized next to the current one.
 """
 
 from __future__ import annotations
@@ -85,12 +87,13 @@ BEFORE = RESULTS / "corpus_before_aliasing.json"
 HELDOUT_FIRST = RESULTS / "heldout_first.json"
 #: The first run on the fresh steps, before the changes made after measuring them.
 FRESH_FIRST = RESULTS / "fresh_first.json"
+UNSEEN_FIRST = RESULTS / "unseen_first.json"
 #: Per ``--set``: the family modules, the results files' stem, and the first
 #: run summarized beside the current one (``None`` for the unseen steps: their
 #: first run, ``unseen_first.json``, is kept as it came and is the current
 #: run's twin until the estimate changes after it).
 SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
-        "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", None)}
+        "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", UNSEEN_FIRST)}
 
 
 def _fresh(args: Any) -> Any:
@@ -314,9 +317,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
   elif which == "unseen":
     head = (f"`python bench/corpus_bench.py --set unseen` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
-            f"{len(families)} families from `bench/corpus/unseen.py`, written after the last "
-            "change to jaxmem's estimate and measured as they came, on XLA:CPU with the `ffi` "
-            "backend.")
+            f"{len(families)} families from `bench/corpus/unseen.py`, written after an earlier "
+            "change to jaxmem's estimate and first measured as they came, on XLA:CPU with the "
+            "`ffi` backend.")
   elif heldout:
     head = (f"`python bench/corpus_bench.py --set heldout` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} held-out train steps of "
