@@ -148,7 +148,7 @@ class Flow:
       (:func:`~jaxmem._src.estimate.xla_model.early_layout_copies`): the copy
       is live from the operand's start to the step, and the step does not
       keep the operand itself alive. Steps reading one value in one layout
-      (``layout``, a small integer naming it) share one copy.
+      (``layout``, an integer naming it, 0 for most) share one copy.
     in_place: per step, the position among its inputs of the operand
       whose buffer it writes its result into where that is the operand's
       last read, so the two are never live together (-1: none; a scatter's
@@ -702,7 +702,10 @@ def _native_lifetimes() -> Callable[[Flow, Mapping[int, int]], _Lifetimes] | Non
 
 def _rows(rows: Sequence[Sequence[Any]], n: int, width: int = 1) -> tuple[np.ndarray,
                                                                           np.ndarray]:
-  """Per-step lists as compressed rows (``ptr``, ``idx``); ``width`` > 1 flattens tuples of that many ints."""
+  """Per-step lists as compressed rows (``ptr``, ``idx``).
+
+  ``width`` > 1: each entry is a tuple of that many ints, flattened.
+  """
   lens = np.zeros(n, np.int64)
   lens[:len(rows)] = np.fromiter(map(len, rows), np.int64, len(rows))
   if width > 1:

@@ -180,7 +180,7 @@ def pool_argmax_expansions(program: Program,
 
 
 def early_layout_copies(eqn: _compat.JaxprEqn, backend: str) -> tuple[tuple[int, int, int], ...]:
-  """``(input position, bytes, layout)`` of the operands of ``eqn`` XLA copies into another layout early.
+  """``(input position, bytes, layout)`` of the operands XLA copies into another layout early.
 
   A convolution whose operand is not in the backend's native layout reads a
   transposed copy of it. XLA:CPU makes the copy as soon as the operand
@@ -507,7 +507,7 @@ def _trivial_reduction(op: Op) -> bool:
 
 
 def _outer_product(op: Op) -> bool:
-  """Whether ``op`` is a ``dot_general`` with no contracting dimensions: a multiply once XLA simplifies it.
+  """Whether ``op`` is a ``dot_general`` without contracting dimensions: XLA makes it a multiply.
 
   XLA's algebraic simplifier rewrites a dot without contracting dimensions
   as ``multiply(broadcast(x), broadcast(y))`` (``enable_dot_to_multiply_rewrite``),
