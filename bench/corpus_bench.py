@@ -87,11 +87,10 @@ BEFORE = RESULTS / "corpus_before_aliasing.json"
 HELDOUT_FIRST = RESULTS / "heldout_first.json"
 #: The first run on the fresh steps, before the changes made after measuring them.
 FRESH_FIRST = RESULTS / "fresh_first.json"
+#: The first run on the unseen steps, before the changes made after measuring them.
 UNSEEN_FIRST = RESULTS / "unseen_first.json"
 #: Per ``--set``: the family modules, the results files' stem, and the first
-#: run summarized beside the current one (``None`` for the unseen steps: their
-#: first run, ``unseen_first.json``, is kept as it came and is the current
-#: run's twin until the estimate changes after it).
+#: run summarized beside the current one.
 SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
         "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", UNSEEN_FIRST)}
 

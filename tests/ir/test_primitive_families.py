@@ -81,7 +81,7 @@ def test_cpu_conv_layout_copies_are_charged():
   prog = jaxmem.analyze(jax.grad(loss), w, x)
   convs = [op for op in prog.ops if op.primitive == "conv_general_dilated"]
   charged = [xla_model.hidden_bytes(op.eqn, "cpu")[0]
-             + sum(b for _, b in xla_model.early_layout_copies(op.eqn, "cpu")) for op in convs]
+             + sum(b for _, b, _ in xla_model.early_layout_copies(op.eqn, "cpu")) for op in convs]
   assert max(charged) >= 2 * x.nbytes           # input and output gradient transposed
   assert min(charged) == 0                      # the forward conv is in native layout
   assert all(xla_model.hidden_bytes(op.eqn, "gpu") == (0, 0) for op in convs)

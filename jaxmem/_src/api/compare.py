@@ -122,9 +122,8 @@ def _explain(program: AnalyzedProgram, prof: Profile, raw_peak: int) -> list[str
                     "denominators, LayerNorm scales): XLA:CPU's YNNPACK fusions cannot take "
                     "them, so one copy is stored"))
     hoisted = sum(m.hoisted for op, m in zip(program.ops, model) if op.index >= peak and m.hoisted)
-    kinds = sorted({op.primitive for op in program.ops
-                    if any(xla_model.hidden_bytes(op.eqn, program.backend))
-                    or xla_model.early_layout_copies(op.eqn, program.backend)})
+    kinds = sorted({op.primitive for op, m in zip(program.ops, model)
+                    if any(xla_model.hidden_bytes(op.eqn, program.backend)) or m.early})
     rest = hidden - sum(stored)
     if rest > prof.peak_bytes // 200:
       start = (f"; {format_bytes(hoisted)} of it built at the program start (index arrays, "
