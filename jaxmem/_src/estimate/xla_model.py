@@ -271,8 +271,8 @@ def dot_layout_copies(program: Program) -> dict[int, tuple[tuple[tuple[int, int,
     if op.primitive != "dot_general":
       continue
     (lc, rc), (lb, rb) = op.eqn.params["dimension_numbers"]
-    if (not lc and not rc) or (tuple(lb) == tuple(range(len(lb)))
-                               and tuple(rb) == tuple(range(len(rb)))):
+    if _outer_product(op) or (tuple(lb) == tuple(range(len(lb)))
+                              and tuple(rb) == tuple(range(len(rb)))):
       continue
     early, transient = [], 0
     for pos, batch, contract, free_first in ((0, lb, lc, True), (1, rb, rc, False)):
@@ -561,15 +561,15 @@ def op_memory_model(program: Program, *, planned: bool) -> tuple[OpMemory, ...]:
   compiles it. On a sharded program the hidden bytes are this device's share.
   """
   return _op_memory(program, planned, shared_broadcasts(program),
-                    hoisted_scalar_broadcasts(program))
+                    hoisted_scalar_broadcasts(program), scan_stack_zeros(program),
+                    dot_layout_copies(program))
 
 
 def op_memory_models(program: Program) -> tuple[tuple[OpMemory, ...], tuple[OpMemory, ...]]:
   """``(unplanned, planned)`` :func:`op_memory_model` s, sharing the walks they have in common."""
-  shared = shared_broadcasts(program)
-  scalar_hoists = hoisted_scalar_broadcasts(program)
-  return (_op_memory(program, False, shared, scalar_hoists),
-          _op_memory(program, True, shared, scalar_hoists))
+  walks = (shared_broadcasts(program), hoisted_scalar_broadcasts(program),
+           scan_stack_zeros(program), dot_layout_copies(program))
+  return _op_memory(program, False, *walks), _op_memory(program, True, *walks)
 
 
 def scan_stack_zeros(program: Program) -> dict[int, int]:
@@ -605,22 +605,21 @@ def scan_stack_zeros(program: Program) -> dict[int, int]:
   stacks = {op.index: [(tuple(v.aval.shape), str(v.aval.dtype), _nbytes(v.aval))
                        for v in op.eqn.outvars[op.eqn.params["num_carry"]:]]
             for op in program.ops if op.primitive == "scan"}
-  count = collections.Counter((shape, dtype) for ys in stacks.values()
-                              for shape, dtype, _ in ys)
+  # Per (shape, dtype), how many scans have a stack of it (two scans sharing
+  # a shape means two stacks share its broadcast).
   scans = collections.Counter(key for ys in stacks.values()
                               for key in {(shape, dtype) for shape, dtype, _ in ys})
-  out = {index: max((nb for shape, dtype, nb in ys
-                     if count[shape, dtype] > 1 and scans[shape, dtype] > 1), default=0)
+  out = {index: max((nb for shape, dtype, nb in ys if scans[shape, dtype] > 1), default=0)
          for index, ys in stacks.items()}
   return {index: nb for index, nb in out.items() if nb}
 
 
 def _op_memory(program: Program, planned: bool, shared: tuple[tuple[tuple[int, int], ...], ...],
-               scalar_hoists: tuple[int, ...]) -> tuple[OpMemory, ...]:
+               scalar_hoists: tuple[int, ...], zeros: dict[int, int],
+               dot_copies: dict[int, tuple[tuple[tuple[int, int, int], ...], int]]
+               ) -> tuple[OpMemory, ...]:
   out = []
   pools = pool_argmax_expansions(program, planned)
-  zeros = scan_stack_zeros(program)
-  dot_copies = dot_layout_copies(program)
   for op, sh, sc in zip(program.ops, shared, scalar_hoists):
     subst = planned and substitutions.applies(op.eqn)
     kind = Fusion.MATERIALIZED if subst else op_fusion_kind(program, op)
