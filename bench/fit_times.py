@@ -16,8 +16,9 @@ is the installed one) and with this checkout. Times from one run on a shared
 machine are comparable with each other, not with another run's.
 
 Run: ``python bench/fit_times.py [--steps NAME,NAME] [--fractions 0.5,0.3]
-[--baseline REF]``; writes ``bench/results/fit_times.{json,md}``. About an
-hour on 2 CPUs with a baseline and the default steps.
+[--baseline REF] [--out NAME]``; writes ``bench/results/NAME.{json,md}``
+(``fit_times`` unless told). About an hour on 2 CPUs with a baseline and the
+default steps.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def main() -> None:
                       help="NAME or NAME@FRACTION, comma-separated (NAME: all of --fractions)")
   parser.add_argument("--fractions", default="0.5,0.3")
   parser.add_argument("--baseline", default="", help="a git ref to time beside this checkout")
+  parser.add_argument("--out", default="fit_times",
+                      help="results file name in bench/results/ (without .json/.md)")
   opts = parser.parse_args()
   sys.path.insert(0, str(HERE))
   from _results import commit
@@ -124,6 +127,9 @@ def main() -> None:
   import jax
   meta = dict(jax=jax.__version__, commit=commit(),
               machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+  if opts.steps != ",".join(SLOWEST):
+    meta["steps"] = opts.steps
+    meta["fractions"] = opts.fractions
   with tempfile.TemporaryDirectory() as tmp:
     roots = {"this": ROOT}
     if opts.baseline:
@@ -146,8 +152,9 @@ def main() -> None:
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT,
                        check=False, capture_output=True)
   RESULTS.mkdir(parents=True, exist_ok=True)
-  (RESULTS / "fit_times.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-  (RESULTS / "fit_times.md").write_text(render(meta, rows))
+  meta["out"] = opts.out
+  (RESULTS / f"{opts.out}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+  (RESULTS / f"{opts.out}.md").write_text(render(meta, rows))
   print(render(meta, rows))
 
 
@@ -158,13 +165,17 @@ def _cell(r: dict[str, Any]) -> str:
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
   over = sum(r["this"]["fit_s"] > LIMIT_S for r in rows)
   base = "baseline" in meta
-  head = (f"`python bench/fit_times.py{' --baseline ' + meta['baseline'] if base else ''}` "
+  args = "".join(f" --{k} {meta[k]}" for k in ("steps", "fractions", "baseline") if k in meta)
+  if meta.get("out", "fit_times") != "fit_times":
+    args += f" --out {meta['out']}"
+  head = (f"`python bench/fit_times.py{args}` "
           f"jax {meta['jax']}, commit `{meta['commit']}`, {meta['machine']}: wall time of "
           "`jaxmem.fit` (tracing, planning, rewriting, compiling, checking), in a fresh "
           "process per measurement; the outcome is the compiled peak in MiB, or the "
           "`BudgetError`'s smallest reachable peak; compiles are XLA's (the unplanned step's "
           "included).")
-  lines = ["# `fit` time on the slowest corpus steps (`bench/fit_times.py`)", "", head, ""]
+  what = "chosen" if "steps" in meta else "the slowest"
+  lines = [f"# `fit` time on {what} corpus steps (`bench/fit_times.py`)", "", head, ""]
   summary = f"* Over {LIMIT_S:.0f} s: **{over} of {len(rows)}** at `{meta['commit']}`"
   if base:
     was = sum(r["baseline"]["fit_s"] > LIMIT_S for r in rows)
