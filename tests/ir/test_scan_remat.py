@@ -280,3 +280,29 @@ def test_partial_offloads_move_the_fewest_bytes_that_cover_the_excess():
   assert k == 0 and keep == ((1,),)
   # Nothing to keep: all stacks out is the whole offload, not a partial one.
   assert _partial_offloads([pt], 170, device_profile("h100-sxm")) == []
+
+
+def test_a_step_traced_once_is_rewritten_many_ways_without_tracing_it_again():
+  """`fit` rewrites a step's scans several ways (policies, rewrites) from one trace of the
+  user's step (`traced=`); arguments of other shapes trace it again."""
+  from jaxmem._src.ir.scan_remat import traced_step, with_scan_residuals_recomputed
+
+  step, args = models.scanned_tanh_mlp(layers=3, width=8, batch=4)
+  calls = []
+
+  def counted(*a):
+    calls.append(1)
+    return step(*a)
+
+  traced = traced_step(counted, args)
+  assert len(calls) == 1
+  expected = jax.jit(step)(*args)
+  for save_dots in (False, True):
+    rewritten = with_scan_residuals_recomputed(counted, save_dots=save_dots, traced=traced)
+    got = jax.jit(rewritten)(*args)
+    for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(got)):
+      np.testing.assert_array_equal(a, b)
+  assert len(calls) == 1
+  _, other = models.scanned_tanh_mlp(layers=3, width=8, batch=2)
+  with_scan_residuals_recomputed(counted, traced=traced)(*other)
+  assert len(calls) == 2
