@@ -33,12 +33,10 @@ CPUs.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import pathlib
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,9 @@ import time
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _results import commit, write_excerpt  # noqa: E402
+
 RESULTS = HERE / "results"
 MiB = 2 ** 20
 
@@ -58,24 +59,13 @@ def heap_of(directory: str, module: str) -> dict[str, int]:
 
   dump = parse_dump(directory, module)
   top = sum(s for s, k in dump["allocations"].values() if k == "temp")
-  found = sorted(glob.glob(f"{directory}/*{module}.cpu_after_optimizations-buffer-assignment.txt"))
-  placed: list[tuple[str, int, int]] = []
-  temp = False
-  for line in open(found[-1]):
-    m = re.match(r"allocation (\d+): size (\d+), (.*)", line)
-    if m:
-      temp = "preallocated-temp" in m.group(3)
-      continue
-    m = re.match(r" value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", line)
-    if m and temp:
-      placed.append((m.group(1), int(m.group(2)), int(m.group(3))))
   # Values XLA put at one offset (aliases: a loop's carried buffer, in-place
   # updates) are one buffer: their live ranges are joined where they touch.
   by_offset: dict[tuple[int, int], list[tuple[int, int]]] = {}
-  for name, size, offset in placed:
-    span = dump["ranges"].get(name)
-    if span is not None and size > 0:
-      by_offset.setdefault((offset, size), []).append(span)
+  for v in dump["values"]:
+    span = dump["ranges"].get(v["name"])
+    if v["kind"] == "temp" and span is not None and v["size"] > 0:
+      by_offset.setdefault((v["offset"], v["size"]), []).append(span)
   lower, upper, sizes = [], [], []
   for (_, size), spans in by_offset.items():
     spans.sort()
@@ -127,9 +117,7 @@ def main() -> None:
     env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={directory} --xla_dump_hlo_as_text",
                JAXMEM_DUMP_DIR=directory, JAX_PLATFORMS="cpu")
     raise SystemExit(subprocess.call([sys.executable, *sys.argv], env=env))
-  sys.path.insert(0, str(HERE))
   import jax
-  from _results import commit
   from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
 
   estimates = {r["name"]: r for r in json.loads(
@@ -166,11 +154,10 @@ def main() -> None:
 
 def write(meta: dict[str, Any], rows: list[dict[str, Any]], readme: bool) -> None:
   """The table, and (``readme``: a run of every step) the summary the README shows."""
-  (RESULTS / "xla_heap_holes.md").write_text(render(meta, rows))
+  text = render(meta, rows)
+  (RESULTS / "xla_heap_holes.md").write_text(text)
   if readme:
-    (RESULTS / "readme").mkdir(exist_ok=True)
-    (RESULTS / "readme" / "xla_heap_holes.md").write_text(
-        "\n".join(render(meta, rows).splitlines()[2:6]) + "\n")
+    write_excerpt("xla_heap_holes", "\n".join(text.splitlines()[2:6]))
 
 
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:

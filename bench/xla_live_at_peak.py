@@ -62,8 +62,8 @@ def parse_dump(directory: str, module: str = "jit_step", platform: str = "cpu") 
       continue
     m = re.match(r" value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (.*)", line)
     if m and current is not None:
-      values.append(dict(name=m.group(1), size=int(m.group(2)), kind=allocations[current][1],
-                         shape=m.group(4)))
+      values.append(dict(name=m.group(1), size=int(m.group(2)), offset=int(m.group(3)),
+                         kind=allocations[current][1], shape=m.group(4)))
     if line.startswith(("Used values", "BufferAssignment stats")):
       current = None
   sections = live_ranges.split("BufferLiveRange:")

@@ -722,13 +722,8 @@ class Fitted:
     elif self.backend == "ffi" and program.num_devices == 1:
       out_of_device = NATIVE_STORE
 
-    trace_of_step: list[Any] = []
-
-    def traced() -> tuple[Any, ...]:
-      """The step's jaxpr and scan pairs (``traced_step``), traced once for every scan rewrite."""
-      if not trace_of_step:
-        trace_of_step.append(traced_step(inner, dyn))
-      return trace_of_step[0]
+    # The step's jaxpr and scan pairs (``traced_step``), traced once for every scan rewrite.
+    traced = functools.cache(lambda: traced_step(inner, dyn))
 
     def frontier_search() -> tuple[_Attempt, Program, str] | None:
       """The cheapest per-value scan policy of ``scan_frontier`` whose compiled step fits, as it is.
@@ -864,7 +859,7 @@ class Fitted:
                   f"{format_bytes(rewritten.peak_bytes)})")
         program = rewritten
         scans = how
-        found = search(budget, beat=min(t.memory.peak_bytes for t in tried) if tried else None)
+        found = search(budget, beat=min((t.memory.peak_bytes for t in tried), default=None))
     if found is None:
       # The smallest peak reported is one that asking for it reaches: the
       # floors are; a smaller peak some round of this search reached is
