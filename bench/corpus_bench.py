@@ -46,6 +46,11 @@ changes, when the fresh set had served to diagnose the estimate; into
 ``bench/results/unseen.{json,md}``. About 12 minutes. Its capsule and Sinkhorn
 steps led to estimate changes after its first run, which is kept in
 ``bench/results/unseen_first.json`` and summarized next to the current one.
+
+``--set novel`` measures ``bench/corpus/novel.py``: steps written after the
+unseen set had served to diagnose the estimate; into
+``bench/results/novel.{json,md}``. Its first run is kept in
+``bench/results/novel_first.json`` before anything is changed because of it.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
@@ -89,10 +94,13 @@ HELDOUT_FIRST = RESULTS / "heldout_first.json"
 FRESH_FIRST = RESULTS / "fresh_first.json"
 #: The first run on the unseen steps, before the changes made after measuring them.
 UNSEEN_FIRST = RESULTS / "unseen_first.json"
+#: The first run on the novel steps, before any change made after measuring them.
+NOVEL_FIRST = RESULTS / "novel_first.json"
 #: Per ``--set``: the family modules, the results files' stem, and the first
 #: run summarized beside the current one.
 SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
-        "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", UNSEEN_FIRST)}
+        "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", UNSEEN_FIRST),
+        "novel": (NOVEL, "novel", NOVEL_FIRST)}
 
 
 def _fresh(args: Any) -> Any:
@@ -307,16 +315,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
           "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
           "backend.")
   heldout = which == "heldout"
-  if which == "fresh":
-    head = (f"`python bench/corpus_bench.py --set fresh` jax {meta['jax']}, commit "
+  if which in ("fresh", "unseen", "novel"):
+    head = (f"`python bench/corpus_bench.py --set {which}` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
-            f"{len(families)} families from `bench/corpus/fresh.py`, written after an earlier "
-            "change to jaxmem's estimate and first measured as they came, on XLA:CPU with the "
-            "`ffi` backend.")
-  elif which == "unseen":
-    head = (f"`python bench/corpus_bench.py --set unseen` jax {meta['jax']}, commit "
-            f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
-            f"{len(families)} families from `bench/corpus/unseen.py`, written after an earlier "
+            f"{len(families)} families from `bench/corpus/{which}.py`, written after an earlier "
             "change to jaxmem's estimate and first measured as they came, on XLA:CPU with the "
             "`ffi` backend.")
   elif heldout:
@@ -372,10 +374,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
     summary.append(f"| {fam} | {len(rs)} | {span} | {sum(abs(e) <= 0.1 for e in errs)} / "
                    f"{len(errs)} | {sum(r.get('fit') == 'fits' for r in rs)} / {len(rs)} | "
                    f"{len(ok)} / {len(be)} |")
-  title = ("# jaxmem on fresh train steps (`bench/corpus_bench.py --set fresh`)" if which == "fresh"
-           else "# jaxmem on unseen train steps (`bench/corpus_bench.py --set unseen`)"
-           if which == "unseen" else "# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)" if heldout
-           else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
+  title = (f"# jaxmem on {which} train steps (`bench/corpus_bench.py --set {which}`)"
+           if which in ("fresh", "unseen", "novel")
+           else "# jaxmem on held-out train steps (`bench/corpus_bench.py --set heldout`)"
+           if heldout else "# jaxmem on a corpus it was not tuned to (`bench/corpus_bench.py`)")
   full = [title, "",
           *summary, "",
           "Every step (peaks in MiB; `fit` at 0.5 of the unplanned compiled peak, then at 0.3 "
@@ -421,8 +423,8 @@ def main() -> None:
   parser.add_argument("--render", action="store_true", help="the tables again from the JSON")
   parser.add_argument("--set", choices=tuple(SETS), default="main",
                       help="the main corpus, the held-out steps (bench/corpus/heldout.py), "
-                           "the fresh ones (bench/corpus/fresh.py) or the unseen ones "
-                           "(bench/corpus/unseen.py)")
+                           "the fresh ones (bench/corpus/fresh.py), the unseen ones "
+                           "(bench/corpus/unseen.py) or the novel ones (bench/corpus/novel.py)")
   opts = parser.parse_args()
   families, stem, first = SETS[opts.set]
   path = RESULTS / f"{stem}.json"

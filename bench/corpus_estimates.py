@@ -1,7 +1,7 @@
-"""jaxmem's estimate against the compiled peak on every corpus step, all four sets, nothing fitted.
+"""jaxmem's estimate against the compiled peak on every corpus step, every set, nothing fitted.
 
-For each step of ``bench/corpus/`` (the main families, the held-out, fresh and
-unseen sets): the peak ``jaxmem.analyze`` estimates before anything is
+For each step of ``bench/corpus/`` (the main families, the held-out, fresh,
+unseen and novel sets): the peak ``jaxmem.analyze`` estimates before anything is
 compiled, the peak of plain ``jax.jit`` as XLA:CPU compiles it
 (``memory_analysis()``), and the relative error. The same figures as the
 "estimate" columns of ``bench/corpus_bench.py``, without its fits: a few
@@ -32,11 +32,12 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
-SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN))
+SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN),
+        ("novel", NOVEL))
 #: The issue's bar: within this fraction of the compiled peak.
 WITHIN = 0.10
 #: An estimate this far under the compiled peak misleads the budget arithmetic.
@@ -67,7 +68,7 @@ def render(rows: list[dict], meta: dict) -> tuple[str, str]:
   summary = [
       f"`python bench/corpus_estimates.py` jax {meta['jax']}, commit `{meta['commit']}`, "
       f"{meta['machine']}: `jaxmem.analyze`'s peak against the compiled peak of plain "
-      f"`jax.jit` (XLA:CPU) on {len(rows)} corpus steps, all four sets.",
+      f"`jax.jit` (XLA:CPU) on {len(rows)} corpus steps, all {len(by_set)} sets.",
       "",
       f"* Within ±10% of the compiled peak: **{within} of {len(rows)}** ("
       + ", ".join(f"{name} {sum(abs(r['error']) <= WITHIN for r in rs)} of {len(rs)}"

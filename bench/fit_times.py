@@ -2,7 +2,7 @@
 
 ``bench/corpus_bench.py`` times every step of the corpus at 0.5 and 0.3 of
 its unplanned compiled peak in one long run; this re-times a few of them (by
-default the slowest of the last corpus runs, all four sets) after a change
+default the slowest of the last corpus runs, every set) after a change
 to the search, without re-measuring everything. Per step and budget:
 ``fit``'s wall time (tracing, planning, rewriting, compiling and checking, as
 a user waits for it), its outcome (the compiled peak, or the ``BudgetError``'s
@@ -55,9 +55,9 @@ def time_fit(name: str, fraction: float) -> dict[str, Any]:
 
   import jaxmem
   sys.path.insert(0, str(HERE))
-  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
+  from corpus import EVERY, all_entries
 
-  entry = next(e for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN) if e.name == name)
+  entry = next(e for e in all_entries(EVERY) if e.name == name)
   compiles: list[float] = []
 
   def on_event(event: str, seconds: float, **_: Any) -> None:
@@ -115,8 +115,8 @@ def main() -> None:
   opts = parser.parse_args()
   sys.path.insert(0, str(HERE))
   from _results import commit
-  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
-  known = {e.name for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN)}
+  from corpus import EVERY, all_entries
+  known = {e.name for e in all_entries(EVERY)}
   cases = []
   for item in (s for s in opts.steps.split(",") if s):
     name, _, at = item.partition("@")

@@ -6,7 +6,7 @@ offset. When the layout leaves holes, that top is above the most temp bytes
 ever live at once. jaxmem's estimate (``estimate/lifetimes.py``) is a most-
 bytes-live figure: it has no layout, so holes count as under-estimation.
 
-This compiles every corpus step (all four sets, unplanned, arguments donated
+This compiles every corpus step (every set, unplanned, arguments donated
 as the corpus says) with XLA's dump on, and reads from the dumped buffer
 assignment and live ranges (``bench/xla_live_at_peak.py``'s parser):
 
@@ -87,12 +87,12 @@ def measure(name: str, directory: str) -> dict[str, Any]:
   """One corpus step compiled with the dump on: its memory and heap."""
   import jax
 
-  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
+  from corpus import EVERY, all_entries
 
   from jaxmem._src.estimate.targets import get_target
   from jaxmem._src.verify.compiled import compiled_memory
 
-  entry = next(e for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN) if e.name == name)
+  entry = next(e for e in all_entries(EVERY) if e.name == name)
   step, args = entry.make()
   compiled = jax.jit(step, donate_argnums=entry.donate).lower(*args).compile(
       get_target(None).probe_options or None)
@@ -118,11 +118,11 @@ def main() -> None:
                JAXMEM_DUMP_DIR=directory, JAX_PLATFORMS="cpu")
     raise SystemExit(subprocess.call([sys.executable, *sys.argv], env=env))
   import jax
-  from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries
+  from corpus import EVERY, all_entries
 
   estimates = {r["name"]: r for r in json.loads(
       (RESULTS / "corpus_estimates.json").read_text())["rows"]}
-  names = [e.name for e in all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN)]
+  names = [e.name for e in all_entries(EVERY)]
   if opts.only:
     unknown = sorted(set(opts.only.split(",")) - set(names))
     if unknown:

@@ -34,6 +34,12 @@ FRESH = ("fresh",)
 #: diagnose the estimate (its graph attention step), measured as it came
 #: (``bench/corpus_bench.py --set unseen``).
 UNSEEN = ("unseen",)
+#: The novel set (``novel.py``): written after the unseen set had served to
+#: diagnose the estimate (its capsule and Sinkhorn steps), measured as it
+#: came (``bench/corpus_bench.py --set novel``).
+NOVEL = ("novel",)
+#: Every set's modules, the main corpus first.
+EVERY = FAMILIES + HELDOUT + FRESH + UNSEEN + NOVEL
 
 
 @dataclasses.dataclass(frozen=True)

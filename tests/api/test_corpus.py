@@ -24,7 +24,7 @@ import jaxmem
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
   sys.path.insert(0, str(BENCH))
-from corpus import FAMILIES, FRESH, HELDOUT, UNSEEN, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, all_entries  # noqa: E402
 
 SAMPLE = ("cnn/bn-strided-s", "vae/mlp-s", "rnn/gru-scan-s", "graph/mpnn-s", "kmeans/lloyd-s",
           "contrastive/clip-mlp-s")
@@ -65,6 +65,16 @@ def test_the_unseen_steps_are_apart_from_every_other_set():
   others = all_entries(FAMILIES + HELDOUT + FRESH)
   assert not {e.name for e in unseen} & {e.name for e in others}
   assert not {e.family for e in unseen} & {e.family for e in others}
+
+
+def test_the_novel_steps_are_apart_from_every_other_set():
+  # Written after the unseen set had served to diagnose the estimate;
+  # measured by `bench/corpus_bench.py --set novel` only.
+  novel = all_entries(NOVEL)
+  assert len(novel) >= 8 and len({e.family for e in novel}) >= 8
+  others = all_entries(FAMILIES + HELDOUT + FRESH + UNSEEN)
+  assert not {e.name for e in novel} & {e.name for e in others}
+  assert not {e.family for e in novel} & {e.family for e in others}
 
 
 @pytest.mark.parametrize("name", SAMPLE + ("gan/dcgan-s", "nnx/cnn-s"))
