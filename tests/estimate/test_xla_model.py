@@ -631,3 +631,68 @@ def test_the_stacks_of_one_scan_write_into_their_zeros_without_a_copy_beside_the
   prog = trace(two, (x,))
   scans = _ops(prog, "scan")
   assert xla_model.scan_stack_zeros(prog) == {op.index: stack for op in scans}
+
+
+def test_half_precision_dots_read_float32_copies_and_write_float32_on_the_cpu():
+  """XLA:CPU has no 16-bit float matmul: the operands are read through float32
+  copies made where they are (CSE shares one per value), and the result is
+  written in float32: kept so for a float16 result or a bfloat16 one read
+  once, converted once into its own buffer for a bfloat16 one read more
+  often, whose readers are then not duplicated (`xla_model.dot_layout_copies`,
+  `xla_model.stored_var_bytes`)."""
+  x, w = jnp.ones((64, 32), jnp.bfloat16), jnp.ones((32, 16), jnp.bfloat16)
+  prog = trace(lambda x, w: jnp.tanh(jnp.tanh(x) @ w), (x, w))
+  (dot,) = _ops(prog, "dot_general")
+  early, transient = xla_model.dot_layout_copies(prog)[dot.index]
+  # Both operands in float32 (twice their bytes), flagged as converted.
+  assert sorted((pos, nb) for pos, nb, _ in early) == [(0, 2 * x.nbytes), (1, 2 * w.nbytes)]
+  assert all(code & xla_model.UPCAST for _, _, code in early)
+  assert transient == 0 and xla_model.stored_var_bytes(prog)[dot.outputs[0]] == 64 * 16 * 4
+  # Read twice: the float32 result lives while the dot runs, the bfloat16 one after it.
+  twice = trace(lambda x, w: (lambda y: jnp.tanh(y + 1) * jnp.sin(y))(x @ w), (x, w))
+  (dot,) = _ops(twice, "dot_general")
+  assert xla_model.dot_layout_copies(twice)[dot.index][1] == 64 * 16 * 4
+  assert xla_model.stored_var_bytes(twice)[dot.outputs[0]] == 64 * 16 * 2
+  (add,) = _ops(twice, "add")
+  assert xla_model.op_fusion_kind(twice, add) is Fusion.EXPENSIVE
+  half = trace(lambda x, w: jnp.tanh(x @ w) + jnp.sin(x @ w), (x.astype(jnp.float16),
+                                                              w.astype(jnp.float16)))
+  assert all(xla_model.stored_var_bytes(half)[d.outputs[0]] == 64 * 16 * 4
+             for d in _ops(half, "dot_general"))
+  # float32 dots, and other compilers, are left as they are.
+  single = trace(lambda x, w: jnp.tanh(x @ w), (x.astype(jnp.float32), w.astype(jnp.float32)))
+  assert xla_model.dot_layout_copies(single) == {}
+  assert xla_model.dot_layout_copies(trace(lambda x, w: x @ w, (x, w), backend="tpu")) == {}
+
+
+@pytest.mark.parametrize("dtype,param_dtype,batch", [(jnp.bfloat16, jnp.float32, 2048),
+                                                     (jnp.float16, jnp.float32, 1024)])
+def test_a_half_precision_mlp_is_estimated_within_ten_percent(dtype, param_dtype, batch):
+  # Six layers of 1024, computed in 16 bits from float32 parameters (flax's
+  # `dtype`): without the float32 copies and results, 25% under the
+  # compiled peak in bfloat16 (measured -0.1% with them) and 13% in float16
+  # (-1.9%).
+  import flax.linen as nn
+  import optax
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for _ in range(6):
+        x = nn.relu(nn.Dense(1024, dtype=dtype, param_dtype=param_dtype)(x))
+      return nn.Dense(10, dtype=dtype, param_dtype=param_dtype)(x).astype(jnp.float32)
+
+  model, tx = MLP(), optax.adam(1e-3)
+  x, y = jnp.ones((batch, 512)), jnp.zeros(batch, jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), x)
+
+  def step(params, opt_state, x, y):
+    loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+    updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  args = (params, tx.init(params), x, y)
+  est = jaxmem.analyze(step, *args, donate_argnums=(0, 1)).peak_bytes
+  compiled = jaxmem.compiled_memory(
+      jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()).peak_bytes
+  assert abs(est / compiled - 1) <= 0.10, (est, compiled)

@@ -147,6 +147,7 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
                     in_place: tuple[int, ...] = ()) -> Flow:
   """The unplanned program as the lifetime estimator sees it: one step per op."""
   starts, ends = zip(*(program.interval(v.id) for v in program.vars)) if program.vars else ((), ())
+  stored = xla_model.stored_var_bytes(program)
   early = [[(op.inputs[pos], b, t) for pos, b, t in m.early] for op, m in zip(program.ops, memory)]
   if any(early):
     ends = list(ends)
@@ -166,7 +167,8 @@ def _unplanned_flow(program: Program, memory: tuple[OpMemory, ...],
       transient=[m.transient for m in memory],
       hoisted=[m.hoisted for m in memory],
       start=list(starts), end=list(ends),
-      nbytes=[program.stored_bytes(v.id) for v in program.vars],
+      nbytes=[0 if v.id in program.donation_aliases else stored[v.id]
+              for v in program.vars],
       materialized=frozenset(v.id for v in program.vars if v.is_input or v.is_output),
       hoist_to_start=hoisted,
       shared_reads=[[(op.inputs[pos], b) for pos, b in m.shared]

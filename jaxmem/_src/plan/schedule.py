@@ -252,7 +252,8 @@ class Schedule:
       end[x] = n
     materialized = frozenset(prog.invars) | frozenset(prog.consts) | outs
     nbytes = list(_var_bytes(prog))
-    nbytes.extend(HANDLE_BYTES if var is None else prog.vars[var].nbytes
+    widened = _var_bytes(prog)
+    nbytes.extend(HANDLE_BYTES if var is None else widened[var]
                   for var in self.value_var[len(nbytes):])
     for x in outs:
       if self.value_var[x] in prog.donation_aliases:
@@ -441,10 +442,10 @@ _VAR_BYTES: weakref.WeakKeyDictionary[AnalyzedProgram, tuple[int, ...]] = (
 
 
 def _var_bytes(program: AnalyzedProgram) -> tuple[int, ...]:
-  """Bytes of each of the program's variables (the first values of every schedule)."""
+  """Bytes XLA stores for each of the program's variables (the first values of every schedule)."""
   found = _VAR_BYTES.get(program)
   if found is None:
-    found = _VAR_BYTES[program] = tuple(v.nbytes for v in program.vars)
+    found = _VAR_BYTES[program] = xla_model.stored_var_bytes(program)
   return found
 
 
