@@ -434,3 +434,29 @@ def test_floor_advice_follows_the_largest_kinds():
   scans = floor_advice([("values stacked by scans", 50 * mib), ("parameters", 50 * mib)],
                        100 * mib, donated=True, cpu=False, fallback=False)
   assert "`jax.checkpoint` on the scan body" in scans
+
+
+def test_a_floor_held_by_a_loop_body_names_that_body():
+  """Gradient accumulation: a `scan` over micro-batches whose body is a whole
+  forward and backward pass. Its working set is charged to the scan as one
+  op's; the error names the body, not XLA, and says what lowers it."""
+  ws = [jnp.full((256, 256), 0.01)] * 8
+  xs = jnp.ones((2, 1024, 256))
+
+  def step(ws, xs):
+    def loss(ws, x):
+      for w in ws:
+        x = jnp.tanh(x @ w)
+      return jnp.sum(x ** 2)
+
+    def body(acc, x):
+      return jax.tree.map(jnp.add, acc, jax.grad(loss)(ws, x)), None
+    grads, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, ws), xs)
+    return [w - 0.1 * g for w, g in zip(ws, grads)]
+
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.3, donate_argnums=(0,))(step)(ws, xs)
+  err = info.value
+  kind, _ = err.floor[0]
+  assert kind.startswith("inside the body of the `scan` at ") and "test_fit.py" in kind
+  assert "working set of a loop body holds" in err.advice

@@ -1160,12 +1160,36 @@ def floor_by_kind(plan: Plan, compiled_peak: int) -> tuple[tuple[str, int], ...]
       kind = ("values stacked by scans" if v.defined_by in scans and not v.is_output
               else _ROLE_KINDS.get(v.role, "temporaries"))
     kinds[kind] = kinds.get(kind, 0) + nbytes
+  body = _body_at_peak(plan, sched, prof)
   for kind, nbytes in prof.hidden_at_peak:
-    kinds[_XLA + kind] = nbytes
+    if body and kind == "working buffers of single ops":
+      # A loop's or a branch's working set is charged to it as one op's:
+      # say which body it is (gradient accumulation over micro-batches in
+      # a `scan`: the whole forward and backward pass of one micro-batch).
+      kinds[body] = nbytes
+    else:
+      kinds[_XLA + kind] = nbytes
   missed = compiled_peak - prof.peak_bytes
   if missed > 0:
     kinds[UNMODELLED] = missed
   return tuple(sorted(((k, b) for k, b in kinds.items() if b), key=lambda kb: -kb[1]))
+
+
+#: The start of :func:`floor_by_kind`'s kind for the working set of a body at the peak.
+BODY_KIND = "inside the body of "
+
+
+def _body_at_peak(plan: Plan, sched: Any, prof: Any) -> str:
+  """The kind naming the ``scan``/``while``/``cond`` body that runs at the peak, or ``""``."""
+  if not 0 <= prof.peak_index < len(sched.steps):
+    return ""
+  step = sched.steps[prof.peak_index]
+  if step.op is None:
+    return ""
+  op = plan.program.ops[step.op]
+  if not op.has_body or op.primitive not in ("scan", "while", "cond"):
+    return ""
+  return f"{BODY_KIND}the `{op.primitive}` at {op.source} (its working set, not planned)"
 
 
 def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,
@@ -1196,6 +1220,12 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
     out.append("values a `scan` stacks hold "
                f"{part(['values stacked by scans']):.0%}: `jax.checkpoint` on the scan body "
                "keeps only each iteration's carry.")
+  body = part([k for k, _ in floor if k.startswith(BODY_KIND)])
+  if body >= 0.25:
+    out.append(f"the working set of a loop body holds {body:.0%}: jaxmem plans a `scan` body "
+               "only where the scan is differentiated; inside one that runs a whole "
+               "forward and backward pass (gradient accumulation), `jax.checkpoint` on the "
+               "model's blocks or smaller micro-batches lower it.")
   xla = part([k for k, _ in floor if k.startswith(_XLA) or k == UNMODELLED])
   if xla >= 0.1:
     hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
