@@ -109,6 +109,14 @@ def bind_eqn(eqn: JaxprEqn, invals: list[Any], name_stack: NameStack | None = No
   return list(out) if eqn.primitive.multiple_results else [out]
 
 
+@contextlib.contextmanager
+def source_of(eqn: JaxprEqn) -> Iterator[None]:
+  """Equations made inside take ``eqn``'s source info (traceback and name stack)."""
+  name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
+  with _siu.user_context(eqn.source_info.traceback, name_stack=name_stack):
+    yield
+
+
 def name_stack_of(eqn: JaxprEqn) -> NameStack:
   return eqn.source_info.name_stack
 

@@ -9,7 +9,7 @@ import pytest
 
 import jaxmem
 import models
-from jaxmem._src.ir.scan_remat import ScanPair, recompute_scan_residuals, scan_pairs
+from jaxmem._src.ir.scan_remat import ScanPair, recompute_scan_residuals, scan_pairs, traced_step
 
 
 def _flat(step, args):
@@ -306,3 +306,24 @@ def test_a_step_traced_once_is_rewritten_many_ways_without_tracing_it_again():
   _, other = models.scanned_tanh_mlp(layers=3, width=8, batch=2)
   with_scan_residuals_recomputed(counted, traced=traced)(*other)
   assert len(calls) == 2
+
+
+def test_the_scans_of_a_pair_are_no_body_scans():
+  # A differentiated scan's forward and backward scans are rewritten per
+  # iteration (`scan_pairs`); only scans outside any pair are planned as
+  # programs of their own (`ir/scan_bodies.py`).
+  from jaxmem._src.ir.scan_bodies import body_scans
+
+  def loss(ws, x):
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+    return h.sum()
+
+  def step(ws, x):
+    total, _ = jax.lax.scan(lambda c, _: (c + 1.0, None), 0.0, None, length=3)
+    return jax.grad(loss)(ws, x), total
+
+  closed, pairs, _ = traced_step(step, (jnp.full((3, 4, 4), 0.1), jnp.ones((2, 4))))
+  scans = [i for i, e in enumerate(closed.jaxpr.eqns) if e.primitive.name == "scan"]
+  assert len(pairs) == 1 and len(scans) == 3
+  assert body_scans(closed.jaxpr, pairs) == [i for i in scans
+                                              if i not in (pairs[0].forward, pairs[0].backward)]

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 
+from jaxmem._src import _compat
 from jaxmem._src.api.program import Program, analyze_step
 from jaxmem._src.base import budget as budget_lib
 from jaxmem._src.base.errors import BudgetError, format_bytes
@@ -25,8 +26,9 @@ from jaxmem._src.estimate.targets import Target, TargetLike, get_target
 from jaxmem._src.ir.scan_remat import (MEMORY_KIND, NATIVE_STORE, RECOMPUTE, STAGE, traced_step,
                                        with_scan_residuals_recomputed)
 from jaxmem._src.ir.program import Role
+from jaxmem._src.ir.scan_bodies import body_function, body_scans, with_scan_bodies_replaced
 from jaxmem._src.ir.trace import arg_names_of, check_array_args
-from jaxmem._src.lower.backend import BackendChoice, jit_plan, resolve_backend
+from jaxmem._src.lower.backend import BackendChoice, get_backend, jit_plan, resolve_backend
 from jaxmem._src.plan.plan import Plan
 from jaxmem._src.plan.schedule import COPY_MODES, CopyMode, Window, window_bytes
 from jaxmem._src.plan.simulate import simulate
@@ -817,6 +819,75 @@ class Fitted:
         how += f" ({_stacks_out(points[lo], on_device)} stacks; the others kept on the device)"
       return found, found.plan.program, how
 
+    def body_search() -> tuple[_Attempt, Program, str] | None:
+      """The step with the body of its largest unpaired ``scan`` planned, when that fits.
+
+      The body (:func:`~jaxmem._src.ir.scan_bodies.body_function`) is traced
+      and planned like a step for what the budget leaves it: the budget less
+      what the unplanned estimate holds beside the body's own peak. Rounds
+      lower the body's target by the compiled overshoot, down to its
+      planner's most aggressive plan (target 0), which does not depend on
+      the budget and so may be reported as a floor (``floors``).
+      """
+      closed, pairs, _ = traced()
+      candidates = body_scans(closed.jaxpr, pairs)
+      if not candidates:
+        return None
+      bodies = {}
+      for i in candidates:
+        fun, avals = body_function(closed.jaxpr.eqns[i])
+        bodies[i] = (fun, avals, analyze_step(fun, avals, target=target))
+      i = max(bodies, key=lambda k: bodies[k][2].peak_bytes)
+      fun, avals, body = bodies[i]
+      beside = max(0, unplanned_program.peak_bytes - body.peak_bytes)
+      if body.peak_bytes < 0.25 * unplanned_program.peak_bytes:
+        return None
+      run_backend = get_backend(self.backend)
+      frame = _compat.user_frame(closed.jaxpr.eqns[i])
+      source = f"{frame[0]}:{frame[1]}" if frame else "?"
+      made: dict[tuple[Any, ...], tuple[_Attempt, Program, Plan]] = {}
+
+      def body_attempt(body_target: int) -> tuple[_Attempt, Program, Plan]:
+        body_plan = self._plan(body, max(0, body_target))
+        key = _plan_key(body_plan)
+        if key not in made:
+          run = run_backend.step_function(body_plan.schedule())
+          rewritten = analyze_step(with_scan_bodies_replaced(inner, {i: run}, traced=traced()),
+                                   dyn, donate_argnums=donate, arg_names=names, target=target)
+          compile_attempt(Plan(rewritten, (), budget, rewritten.peak_bytes,
+                               rewritten.peak_bytes, "none"), {}, None)
+          made[key] = (tried[-1], rewritten, body_plan)
+          self._log(f"the body of the scan at {source} planned by {body_plan.planner} for "
+                    f"{format_bytes(max(0, body_target))} ({len(body_plan.decisions)} decisions, "
+                    f"body estimate {format_bytes(body.peak_bytes)} -> "
+                    f"{format_bytes(body_plan.estimated_peak_bytes)}): compiled "
+                    f"{format_bytes(tried[-1].memory.peak_bytes)}")
+        return made[key]
+
+      def fitted(made_: tuple[_Attempt, Program, Plan]) -> tuple[_Attempt, Program, str]:
+        attempt_, rewritten, body_plan = made_
+        return attempt_, rewritten, (
+            f"body of the `scan` at {source} planned per iteration by {body_plan.planner} "
+            f"({len(body_plan.decisions)} decisions: {body_plan.num_remat} remat, "
+            f"{body_plan.num_offload} offload)")
+
+      body_target = budget - beside
+      for _ in range(self.max_rounds):
+        before = len(made)
+        found_ = body_attempt(body_target)
+        if found_[0].memory.peak_bytes <= budget:
+          return fitted(found_)
+        if len(made) == before or body_target <= 0:
+          break          # the planner has nothing tighter to offer
+        body_target -= found_[0].memory.peak_bytes - budget
+      # The most aggressive body plan (target 0) does not depend on the budget:
+      # a budget of its peak reaches it again, so it may be reported as a floor.
+      floor_ = body_attempt(0)
+      if floor_[0].memory.peak_bytes <= budget:
+        return fitted(floor_)
+      floors.append(floor_[0])
+      return None
+
     unplanned_program = program
     scans = ""   # how the program planned last rewrote its scans (FitResult.scans)
     found = None
@@ -841,7 +912,9 @@ class Fitted:
     if out_of_device:
       rewrites += [(True, out_of_device, RECOMPUTE), (False, out_of_device, STAGE),
                    (False, out_of_device, RECOMPUTE)]
-    for save_dots, offload, residuals in rewrites if _stacking_scans(unplanned_program) else ():
+    # (Only where the step has a differentiated scan: the rewrites change nothing else.)
+    paired = bool(_stacking_scans(unplanned_program)) and bool(traced()[1])
+    for save_dots, offload, residuals in rewrites if paired else ():
       if found is not None:
         break
       rewritten = analyze_step(
@@ -860,6 +933,12 @@ class Fitted:
         program = rewritten
         scans = how
         found = search(budget, beat=min((t.memory.peak_bytes for t in tried), default=None))
+    if found is None and program.num_devices == 1:
+      # A scan that runs a whole pass per iteration (gradient accumulation
+      # over micro-batches): its body, planned as a program of its own.
+      chosen = body_search()
+      if chosen is not None:
+        found, program, scans = chosen
     if found is None:
       # The smallest peak reported is one that asking for it reaches: the
       # floors are; a smaller peak some round of this search reached is
@@ -1189,7 +1268,7 @@ def _body_at_peak(plan: Plan, sched: Any, prof: Any) -> str:
   op = plan.program.ops[step.op]
   if not op.has_body or op.primitive not in ("scan", "while", "cond"):
     return ""
-  return f"{BODY_KIND}the `{op.primitive}` at {op.source} (its working set, not planned)"
+  return f"{BODY_KIND}the `{op.primitive}` at {op.source} (its working set)"
 
 
 def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,
@@ -1222,10 +1301,10 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
                "keeps only each iteration's carry.")
   body = part([k for k, _ in floor if k.startswith(BODY_KIND)])
   if body >= 0.25:
-    out.append(f"the working set of a loop body holds {body:.0%}: jaxmem plans a `scan` body "
-               "only where the scan is differentiated; inside one that runs a whole "
-               "forward and backward pass (gradient accumulation), `jax.checkpoint` on the "
-               "model's blocks or smaller micro-batches lower it.")
+    out.append(f"the working set of a loop body holds {body:.0%}: a `scan` that runs a whole "
+               "forward and backward pass per iteration (gradient accumulation) holds one "
+               "micro-batch's activations at a time, planned as a step of its own where what "
+               "is around the loop leaves room; smaller micro-batches lower it.")
   xla = part([k for k, _ in floor if k.startswith(_XLA) or k == UNMODELLED])
   if xla >= 0.1:
     hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
