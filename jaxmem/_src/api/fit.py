@@ -846,6 +846,12 @@ class Fitted:
       frame = _compat.user_frame(closed.jaxpr.eqns[i])
       source = f"{frame[0]}:{frame[1]}" if frame else "?"
       made: dict[tuple[Any, ...], tuple[_Attempt, Program, Plan]] = {}
+      # On a target that takes a scheduler limit (XLA:TPU), the budget's share
+      # for temporaries, as for the scan policies (`frontier_search`).
+      temp_share = budget - (base_mem.peak_bytes - base_mem.temp_bytes)
+      limit = temp_share if self.target.takes_memory_limit and temp_share > 0 else None
+      options = ({} if limit is None
+                 else self.target.memory_limit_options(limit, base_mem.peak_bytes))
 
       def body_attempt(body_target: int) -> tuple[_Attempt, Program, Plan]:
         body_plan = self._plan(body, max(0, body_target))
@@ -855,7 +861,7 @@ class Fitted:
           rewritten = analyze_step(with_scan_bodies_replaced(inner, {i: run}, traced=traced()),
                                    dyn, donate_argnums=donate, arg_names=names, target=target)
           compile_attempt(Plan(rewritten, (), budget, rewritten.peak_bytes,
-                               rewritten.peak_bytes, "none"), {}, None)
+                               rewritten.peak_bytes, "none"), options, limit)
           made[key] = (tried[-1], rewritten, body_plan)
           self._log(f"the body of the scan at {source} planned by {body_plan.planner} for "
                     f"{format_bytes(max(0, body_target))} ({len(body_plan.decisions)} decisions, "
@@ -880,12 +886,14 @@ class Fitted:
         if len(made) == before or body_target <= 0:
           break          # the planner has nothing tighter to offer
         body_target -= found_[0].memory.peak_bytes - budget
-      # The most aggressive body plan (target 0) does not depend on the budget:
-      # a budget of its peak reaches it again, so it may be reported as a floor.
+      # The most aggressive body plan (target 0) does not depend on the budget
+      # (where no scheduler limit follows it): a budget of its peak reaches it
+      # again, so it may be reported as a floor.
       floor_ = body_attempt(0)
       if floor_[0].memory.peak_bytes <= budget:
         return fitted(floor_)
-      floors.append(floor_[0])
+      if limit is None:
+        floors.append(floor_[0])
       return None
 
     unplanned_program = program
@@ -1301,10 +1309,10 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
                "keeps only each iteration's carry.")
   body = part([k for k, _ in floor if k.startswith(BODY_KIND)])
   if body >= 0.25:
-    out.append(f"the working set of a loop body holds {body:.0%}: a `scan` that runs a whole "
-               "forward and backward pass per iteration (gradient accumulation) holds one "
-               "micro-batch's activations at a time, planned as a step of its own where what "
-               "is around the loop leaves room; smaller micro-batches lower it.")
+    out.append(f"the working set of a loop body holds {body:.0%}: what one iteration holds at "
+               "once (with gradient accumulation, one micro-batch's activations, which jaxmem "
+               "plans as a step of its own where what is around the loop leaves room); less "
+               "work per iteration (smaller micro-batches) lowers it.")
   xla = part([k for k, _ in floor if k.startswith(_XLA) or k == UNMODELLED])
   if xla >= 0.1:
     hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
