@@ -481,4 +481,5 @@ def test_a_floor_held_by_a_loop_body_names_that_body_and_is_reached_when_asked()
   assert "working set of a loop body holds" in err.advice
   unplanned = jaxmem.compiled_memory(jax.jit(step).lower(*args).compile()).peak_bytes
   assert err.smallest_bytes < unplanned
-  assert jaxmem.fit(int(err.smallest_bytes))(step).fit_result(*args).peak_bytes <= err.smallest_bytes
+  again = jaxmem.fit(int(err.smallest_bytes))(step).fit_result(*args)
+  assert again.peak_bytes <= err.smallest_bytes

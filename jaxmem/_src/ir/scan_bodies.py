@@ -27,7 +27,7 @@ from typing import Any
 import jax
 
 from jaxmem._src import _compat
-from jaxmem._src.ir.scan_remat import ScanPair, traced_step
+from jaxmem._src.ir.scan_remat import ScanPair, traced_again, traced_step
 
 
 def body_scans(jaxpr: _compat.Jaxpr, pairs: Sequence[ScanPair]) -> list[int]:
@@ -101,11 +101,7 @@ def with_scan_bodies_replaced(fun: Callable[..., Any], bodies: Mapping[int, Call
   """
   @functools.wraps(fun)
   def wrapped(*args: Any) -> Any:
-    leaves = jax.tree_util.tree_leaves(args)
-    if traced is not None and [jax.typeof(x) for x in leaves] == list(traced[0].in_avals):
-      closed, _, out_tree = traced
-    else:
-      closed, _, out_tree = traced_step(fun, args)
+    leaves, (closed, _, out_tree) = traced_again(fun, args, traced)
     jaxpr = closed.jaxpr
     for i in bodies:
       if not 0 <= i < len(jaxpr.eqns) or jaxpr.eqns[i].primitive.name != "scan":

@@ -579,6 +579,17 @@ def traced_step(fun: Callable[..., Any], args: Sequence[Any]
   return closed, scan_pairs(closed.jaxpr), out_trees[0]
 
 
+def traced_again(fun: Callable[..., Any], args: Sequence[Any],
+                 traced: tuple[_compat.ClosedJaxpr, list[ScanPair], Any] | None
+                 ) -> tuple[list[Any], tuple[_compat.ClosedJaxpr, list[ScanPair], Any]]:
+  """``args``' leaves and :func:`traced_step` of ``fun`` on them: ``traced`` where it was made
+  for arguments of the same abstract values, else a new trace."""
+  leaves = jax.tree_util.tree_leaves(args)
+  if traced is not None and [jax.typeof(x) for x in leaves] == list(traced[0].in_avals):
+    return leaves, traced
+  return leaves, traced_step(fun, args)
+
+
 def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool = False,
                                   offload: bool | str = False,
                                   residuals: str = RECOMPUTE,
@@ -625,11 +636,7 @@ def with_scan_residuals_recomputed(fun: Callable[..., Any], *, save_dots: bool =
 
   @functools.wraps(fun)
   def wrapped(*args: Any) -> Any:
-    leaves = jax.tree_util.tree_leaves(args)
-    if traced is not None and [jax.typeof(x) for x in leaves] == list(traced[0].in_avals):
-      closed, pairs, out_tree = traced
-    else:
-      closed, pairs, out_tree = traced_step(fun, args)
+    leaves, (closed, pairs, out_tree) = traced_again(fun, args, traced)
     if save_dots:
       pairs = [p.saving_dots() for p in pairs]
     if saved is not None:
