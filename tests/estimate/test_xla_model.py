@@ -573,6 +573,26 @@ def test_a_dot_without_contracting_dimensions_is_a_fused_multiply():
   assert all(xla_model.early_layout_copies(op.eqn, "cpu") == () for op in outer)
 
 
+def test_a_dot_contracting_only_size_one_dimensions_is_a_fused_multiply_too():
+  """``[b,1,m] x [b,1,n]`` contracted over the 1 (a per-example weight gradient) is a product.
+
+  XLA:CPU compiles it to one ``broadcast_multiply`` loop fusion; a
+  contraction over a dimension of size 2 stays a dot.
+  """
+  def f(a, b, c, d):
+    dn = (((1,), (1,)), ((0,), (0,)))
+    return jax.lax.dot_general(a, b, dn), jax.lax.dot_general(c, d, dn)
+  prog = trace(f, (jnp.ones((4, 1, 8)), jnp.ones((4, 1, 6)), jnp.ones((4, 2, 8)),
+                   jnp.ones((4, 2, 6))))
+  size_one, size_two = _ops(prog, "dot_general")
+  assert xla_model.op_fusion_kind(prog, size_one) is Fusion.CHEAP
+  assert xla_model.op_fusion_kind(prog, size_two) is Fusion.MATERIALIZED
+  text = jax.jit(f).lower(*(jnp.ones(s) for s in ((4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6)))
+                          ).compile().as_text()
+  entry = text.split("\nENTRY")[1]
+  assert entry.count(" dot(") == 1 and "multiply" in entry
+
+
 def test_batched_dots_read_non_canonical_operands_through_one_copy_per_layout():
   """XLA:CPU's DotDecomposer transposes an operand whose batch dimensions are
   not leading; dots reading one value in one layout share the copy, two

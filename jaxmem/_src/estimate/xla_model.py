@@ -562,7 +562,7 @@ def _trivial_reduction(op: Op) -> bool:
 
 
 def _outer_product(op: Op) -> bool:
-  """Whether ``op`` is a ``dot_general`` without contracting dimensions: XLA makes it a multiply.
+  """Whether ``op`` is a ``dot_general`` contracting nothing (or only size 1): XLA makes it a multiply.
 
   XLA's algebraic simplifier rewrites a dot without contracting dimensions
   as ``multiply(broadcast(x), broadcast(y))`` (``enable_dot_to_multiply_rewrite``),
@@ -580,7 +580,15 @@ def _outer_product(op: Op) -> bool:
   if dn is None:
     return False
   (lhs_contract, rhs_contract), _ = dn
-  return not lhs_contract and not rhs_contract
+  if not lhs_contract and not rhs_contract:
+    return True
+  # A contraction over dimensions of size 1 only is the same product: XLA
+  # drops the degenerate dimensions and the dot is a `broadcast_multiply`
+  # loop fusion (measured, XLA:CPU: `[64,1,256] x [64,1,784]` contracted over
+  # the 1 and batched over the 64, jax's per-example weight gradient under
+  # `vmap(grad)`).
+  shape = getattr(op.eqn.invars[0].aval, "shape", None) if op.eqn.invars else None
+  return shape is not None and all(shape[d] == 1 for d in lhs_contract)
 
 
 def _by_constant(program: Program, op: Op) -> bool:
