@@ -113,3 +113,20 @@ def test_fit_half_the_peak_or_say_honestly_what_is_reachable(name):
   # Fences may split a fused reduction (sums in another order): last bits only.
   for a, b in zip(jax.tree.leaves(fitted(*_copies(args))), jax.tree.leaves(jitted(*_copies(args)))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_a_floor_is_no_higher_than_a_looser_budget_reaches():
+  # A small bfloat16 LM (the novel set's builder, 3 layers): its most aggressive
+  # plans compile above a looser one, so the floor `fit(0.3)` reports came out
+  # above the peak `fit(0.5)` reached (20.29 against 19.69 MiB) until each
+  # planner's plan for a budget just under the floor was compiled too.
+  from corpus import novel
+  step, args = novel._bf16_lm(batch=4, seq=128, vocab=1024, dim=128, heads=4, layers=3,
+                              seed=504)()
+  half = jaxmem.fit(0.5, donate_argnums=(0, 1, 2))(step).fit_result(*args)
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.3, donate_argnums=(0, 1, 2))(step).fit_result(*args)
+  smallest = info.value.smallest_bytes
+  assert smallest <= half.peak_bytes
+  asked = jaxmem.fit(smallest, donate_argnums=(0, 1, 2))(step).fit_result(*args)
+  assert asked.peak_bytes <= smallest

@@ -292,8 +292,8 @@ def test_a_search_out_of_reach_stops_at_autos_floor(mlp_small, monkeypatch):
   # At half this MLP's peak `auto`'s first plan is also its most aggressive,
   # and it compiles 1.35x the budget (more than `FLOOR_REACH` leaves room
   # for): the fallback planners' rounds (greedy's compiled to the same peak)
-  # are not compiled, and the smallest peak the error reports is still
-  # reached when asked for.
+  # are not compiled, only their plans for a budget just under the floor, and
+  # the smallest peak the error reports is still reached when asked for.
   from jaxmem._src.api import fit as fit_lib
   step, args = mlp_small
   compiled = []
@@ -306,7 +306,12 @@ def test_a_search_out_of_reach_stops_at_autos_floor(mlp_small, monkeypatch):
   monkeypatch.setattr(fit_lib, "jit_plan", counting)
   with pytest.raises(jaxmem.BudgetError) as info:
     jaxmem.fit(0.5)(step)(*args)
-  assert len(compiled) == 1 and compiled[0].startswith("auto"), compiled
+  # The search compiles `auto`'s first plan only; then each planner's plan for a
+  # budget just under the floor is compiled once, unless a round made it already.
+  assert compiled[0].startswith("auto"), compiled
+  probes = compiled[1:]
+  assert len(probes) <= 1 + len(fit_lib.Fitted._fallback_planners(jaxmem.fit(0.5)(step)))
+  assert sum(p.startswith("auto") for p in probes) <= 1, compiled
   assert info.value.smallest_bytes > (1 - fit_lib.FLOOR_REACH) ** -1 * info.value.budget_bytes
   ok = jaxmem.fit(info.value.smallest_bytes)(step).fit_result(*args)
   assert ok.peak_bytes <= info.value.smallest_bytes
