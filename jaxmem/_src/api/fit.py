@@ -970,11 +970,11 @@ class Fitted:
         # again), and the check below reports the lowest of them when a
         # search for its peak fits, or else, as before, the lowest peak the
         # searches reached, when a search for it fits (an unrolled LSTM at
-        # 0.3: a plan under the floor compiled to 6.8 MiB, which a search for
-        # it missed, and the 7.56 MiB reached before was then reported as
-        # 9.03 MiB). Only on XLA:CPU, where `within_reach` cut the search
-        # short of the fallback planners; elsewhere every planner's rounds
-        # ran down to its floor.
+        # 0.3: the search for the lower peak a plan under the floor reached
+        # failed, and without this the 7.56 MiB the searches had reached was
+        # reported as 9.03 MiB). Only on XLA:CPU, where `within_reach` cut
+        # the search short of the fallback planners; elsewhere every
+        # planner's rounds ran down to its floor.
         looser = int(min(best.memory.peak_bytes, base_mem.peak_bytes) * (1.0 - CHECK_GAIN))
         self._log(f"each planner's plan for a budget just under the floor, "
                   f"{format_bytes(looser)}")

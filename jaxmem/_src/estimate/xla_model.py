@@ -562,7 +562,7 @@ def _trivial_reduction(op: Op) -> bool:
 
 
 def _outer_product(op: Op) -> bool:
-  """Whether ``op`` is a ``dot_general`` contracting nothing (or only size 1): XLA makes it a multiply.
+  """Whether ``op`` is a ``dot_general`` contracting nothing (or size 1 only): a multiply in XLA.
 
   XLA's algebraic simplifier rewrites a dot without contracting dimensions
   as ``multiply(broadcast(x), broadcast(y))`` (``enable_dot_to_multiply_rewrite``),
