@@ -117,23 +117,22 @@ def measure(name: str, fraction: float, package_root: pathlib.Path, ask: bool = 
   return json.loads(lines["RESULT"])
 
 
-#: ``--budget-errors``: a set's name and its results file (``bench/corpus_bench.py``).
-RESULTS_OF = {"main": "corpus", "heldout": "heldout", "fresh": "fresh", "unseen": "unseen",
-              "novel": "novel"}
-
-
 def _budget_errors(sets: list[str]) -> list[str]:
-  """``NAME@FRACTION`` of every ``BudgetError`` in the last corpus runs of ``sets``."""
+  """``NAME@FRACTION`` of every ``BudgetError`` in the last corpus runs of ``sets``.
+
+  The sets, their results files and the two budgets are ``bench/corpus_bench.py``'s.
+  """
+  from corpus_bench import FRACTION, LOW, SETS
   out = []
   for which in sets:
-    if which not in RESULTS_OF:
-      raise SystemExit(f"`--budget-errors`: unknown set {which!r}; pick from {sorted(RESULTS_OF)}")
-    rows = json.loads((RESULTS / f"{RESULTS_OF[which]}.json").read_text())["rows"]
+    if which not in SETS:
+      raise SystemExit(f"`--budget-errors`: unknown set {which!r}; pick from {sorted(SETS)}")
+    rows = json.loads((RESULTS / f"{SETS[which][1]}.json").read_text())["rows"]
     for r in rows:
       if r.get("fit") == "BudgetError":
-        out.append(f"{r['name']}@0.5")
+        out.append(f"{r['name']}@{FRACTION}")
       if r.get("low") == "BudgetError":
-        out.append(f"{r['name']}@0.3")
+        out.append(f"{r['name']}@{LOW}")
   return out
 
 
