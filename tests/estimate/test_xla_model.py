@@ -582,13 +582,12 @@ def test_a_dot_contracting_only_size_one_dimensions_is_a_fused_multiply_too():
   def f(a, b, c, d):
     dn = (((1,), (1,)), ((0,), (0,)))
     return jax.lax.dot_general(a, b, dn), jax.lax.dot_general(c, d, dn)
-  prog = trace(f, (jnp.ones((4, 1, 8)), jnp.ones((4, 1, 6)), jnp.ones((4, 2, 8)),
-                   jnp.ones((4, 2, 6))))
+  args = tuple(jnp.ones(s) for s in ((4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6)))
+  prog = trace(f, args)
   size_one, size_two = _ops(prog, "dot_general")
   assert xla_model.op_fusion_kind(prog, size_one) is Fusion.CHEAP
   assert xla_model.op_fusion_kind(prog, size_two) is Fusion.MATERIALIZED
-  text = jax.jit(f).lower(*(jnp.ones(s) for s in ((4, 1, 8), (4, 1, 6), (4, 2, 8), (4, 2, 6)))
-                          ).compile().as_text()
+  text = jax.jit(f).lower(*args).compile().as_text()
   entry = text.split("\nENTRY")[1]
   assert entry.count(" dot(") == 1 and "multiply" in entry
 

@@ -959,7 +959,8 @@ class Fitted:
       # compiles to check 13.68 MiB against a floor of 13.92 MiB, and the
       # check failed).
       best = min(floors, key=lambda t: t.memory.peak_bytes)
-      searched = list(tried)
+      under = (1.0 - CHECK_GAIN) * min(best.memory.peak_bytes, base_mem.peak_bytes)
+      reached_before = min(tried, key=lambda t: t.memory.peak_bytes)
       if target.platform == "cpu":
         # Under the floor: the compiled peak does not fall with the target,
         # and a plan looser than every round of the search may compile lower
@@ -975,17 +976,13 @@ class Fitted:
         # reported as 9.03 MiB). Only on XLA:CPU, where `within_reach` cut
         # the search short of the fallback planners; elsewhere every
         # planner's rounds ran down to its floor.
-        looser = int(min(best.memory.peak_bytes, base_mem.peak_bytes) * (1.0 - CHECK_GAIN))
         self._log(f"each planner's plan for a budget just under the floor, "
-                  f"{format_bytes(looser)}")
+                  f"{format_bytes(int(under))}")
         for planner in (None, *self._fallback_planners()):
-          attempt(looser, {}, planner)
-      lowest = [min(tried, key=lambda t: t.memory.peak_bytes)]
-      if searched and min(searched, key=lambda t: t.memory.peak_bytes) is not lowest[0]:
-        lowest.append(min(searched, key=lambda t: t.memory.peak_bytes))
-      gain = (1.0 - CHECK_GAIN) * min(best.memory.peak_bytes, base_mem.peak_bytes)
-      for candidate in lowest:
-        if candidate.memory.peak_bytes >= gain:
+          attempt(int(under), {}, planner)
+      reached = min(tried, key=lambda t: t.memory.peak_bytes)
+      for candidate in (reached,) if reached is reached_before else (reached, reached_before):
+        if candidate.memory.peak_bytes >= under:
           break
         self._log(f"checking that a budget of {format_bytes(candidate.memory.peak_bytes)} "
                   f"is reached")
