@@ -70,8 +70,12 @@ def bytes_accessed_of(compiled: Any) -> float | None:
   return float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
 
 
-def commit() -> str:
-  """HEAD of the repository, with ``+dirty`` when jaxmem/ or examples/ have changes."""
+def commit(check_import: bool = True) -> str:
+  """HEAD of the repository, with ``+dirty`` when jaxmem/ or examples/ have changes.
+
+  ``check_import=False``: for a script that measures in subprocesses it
+  checks itself (``bench/fit_times.py``), not with the jaxmem it imports.
+  """
   try:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -81,7 +85,7 @@ def commit() -> str:
   except (OSError, subprocess.CalledProcessError):
     # A copy of the tree without .git (the device machine): the caller says.
     return os.environ.get("JAXMEM_COMMIT", "?")
-  return head + ("+dirty" if dirty else "") + _stale_import()
+  return head + ("+dirty" if dirty else "") + (_stale_import() if check_import else "")
 
 
 def _stale_import() -> str:
