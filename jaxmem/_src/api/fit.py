@@ -390,8 +390,10 @@ class Fitted:
     floors: list[_Attempt] = []
     # The attempts of the search under way (`search`), compiled or found again.
     searching: list[list[_Attempt]] = []
-    # Each planner's compiled attempts (`under_floor_expected`).
-    compiled_by: dict[Planner | None, list[_Attempt]] = {}
+    # `under_floor_expected`: the planners whose rounds ran down to their most
+    # aggressive plan in some search, and the plans `out_of_reach` judged.
+    completed: set[Planner | None] = set()
+    judged_out: set[tuple[Any, ...]] = set()
 
     def compile_attempt(plan: Plan, options: dict[str, Any], limit: int | None) -> _Attempt:
       """``plan``'s step compiled as a probe (``probe_options``), appended to ``tried``."""
@@ -425,7 +427,6 @@ class Fitted:
           searching[-1].append(compiled_plans[same])
         return compiled_plans[same]
       compile_attempt(plan, options, limit)
-      compiled_by.setdefault(planner, []).append(tried[-1])
       self._log(f"round {len(tried)} ({plan.planner}): target {format_bytes(target)} -> estimate "
                 f"{format_bytes(plan.estimated_peak_bytes)}, compiled "
                 f"{format_bytes(tried[-1].memory.peak_bytes)} ({len(plan.decisions)} decisions"
@@ -473,39 +474,36 @@ class Fitted:
       estimate = plan_for(budget, planner).estimated_peak_bytes
       if estimate * ratio * (1.0 - OUT_OF_REACH_MARGIN) <= best:
         return False
+      judged_out.add((id(program), _plan_key(plan_for(budget, planner))))
       self._log(f"{getattr(planner, '__name__', 'planner')}: estimate {format_bytes(estimate)}, "
                 f"compiled at {ratio:.2f}x at best, above this search's smallest compiled peak "
                 f"{format_bytes(best)}: not compiled")
       return True
 
     def under_floor_expected(planner: Planner | None, budget: int) -> bool:
-      """Whether ``planner``'s plan for ``budget`` may compile under the smallest peak compiled so far.
+      """Whether ``planner``'s plan for ``budget``, over the one the rounds started from, is to be compiled.
 
-      Its estimate is scaled by the smallest ratio of compiled peak to
-      estimate among the planner's own compiled attempts; a planner with
-      none is judged by every attempt's, less ``OUT_OF_REACH_MARGIN``, as
-      `out_of_reach` judges it. Measured on XLA:CPU at 0.3 of the unplanned
-      peak: MobileNetV2-s, `auto`'s and greedy's plans estimated at 7.02 and
-      7.21 MiB (7.9 and 7.8 MiB at their own ratios) compiled to 6.66 and
-      6.98 MiB after the rounds had reached 6.53 MiB; the bfloat16 LM,
-      `auto`'s plan, 74.3 MiB (78.3 at its ratio) compiled to 85.6 MiB after
-      78.25 MiB, and greedy's, never compiled before, 76.4 MiB (68.3 with the
-      margin), to 73.3 MiB; the unrolled LSTM-s, `auto`'s, 5.8 MiB (6.1 at
-      its ratio), to 6.3 MiB after 7.56 MiB.
+      Not when the planner's rounds ran from the budget down to its most
+      aggressive plan in some search: they compiled its plans around the
+      floor already (MobileNetV2-s at 0.3: `auto`'s and greedy's plans
+      under the floor compiled to 6.66 and 6.98 MiB after their rounds had
+      reached 6.53 MiB). Nor when it is a plan `out_of_reach` judged far
+      above what was compiled (the unrolled LSTM-s at 0.3: greedy's and
+      segments' most aggressive plans, 11.3 and 10.5 MiB after 7.56 MiB).
+      A planner whose rounds `within_reach` cut short, or that was never
+      tried, is: the lower floors came from those (the bfloat16 LM at 0.3:
+      greedy's plan, 73.32 MiB under `auto`'s 78.25; nnx/lm-m, 88.16 under
+      106.08; skipgram-m at 0.5: `auto`'s own plan under the floor, 119.48
+      under 123.48, although its estimate is 1.24x under what its rounds
+      compiled to, so no estimate ratio separates it from MobileNetV2's).
       """
-      own = compiled_by.get(planner, [])
-      made = own or tried
-      ratio = min(a.memory.peak_bytes / max(1, a.plan.estimated_peak_bytes) for a in made)
-      best = min(a.memory.peak_bytes for a in tried)
-      estimate = plan_for(budget, planner).estimated_peak_bytes
-      scaled = estimate * ratio * (1.0 if own else 1.0 - OUT_OF_REACH_MARGIN)
-      if scaled <= best:
-        return True
-      self._log(f"{getattr(planner, '__name__', 'auto')}: estimate {format_bytes(estimate)}, "
-                f"{format_bytes(int(scaled))} at {ratio:.2f}x"
-                f"{'' if own else ' less the margin'}, above the smallest compiled peak "
-                f"{format_bytes(best)}: not compiled")
-      return False
+      if planner in completed:
+        return False
+      if (id(program), _plan_key(plan_for(budget, planner))) in judged_out:
+        self._log(f"{getattr(planner, '__name__', 'auto')}: the plan judged out of reach: "
+                  f"not compiled")
+        return False
+      return True
 
     def search(budget: int, beat: int | None = None, loosen: bool = True) -> _Attempt | None:
       """Plan-compile rounds for ``budget``: the first attempt whose compiled peak fits, or ``None``.
@@ -714,6 +712,7 @@ class Fitted:
           if last.memory.peak_bytes <= budget:
             return last
         last = floor_attempt(options, planner)
+        completed.add(planner)
         return last if last.memory.peak_bytes <= budget else None
 
       found = None
