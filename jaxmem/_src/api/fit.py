@@ -481,15 +481,16 @@ class Fitted:
       return True
 
     def under_floor_expected(planner: Planner | None, budget: int) -> bool:
-      """Whether ``planner``'s plan for ``budget``, over the one the rounds started from, is to be compiled.
+      """Whether ``planner``'s plan for ``budget`` (just under the floor) is worth a compile.
 
       Not when the planner's rounds ran from the budget down to its most
       aggressive plan in some search: they compiled its plans around the
       floor already (MobileNetV2-s at 0.3: `auto`'s and greedy's plans
       under the floor compiled to 6.66 and 6.98 MiB after their rounds had
       reached 6.53 MiB). Nor when it is a plan `out_of_reach` judged far
-      above what was compiled (the unrolled LSTM-s at 0.3: greedy's and
-      segments' most aggressive plans, 11.3 and 10.5 MiB after 7.56 MiB).
+      above what was compiled (the unrolled LSTM-s at 0.3: greedy's most
+      aggressive plan, estimated at 10.8 MiB, compiled to 11.3 MiB after
+      7.56 MiB).
       A planner whose rounds `within_reach` cut short, or that was never
       tried, is: the lower floors came from those (the bfloat16 LM at 0.3:
       greedy's plan, 73.32 MiB under `auto`'s 78.25; nnx/lm-m, 88.16 under
