@@ -390,7 +390,7 @@ class Fitted:
     floors: list[_Attempt] = []
     # The attempts of the search under way (`search`), compiled or found again.
     searching: list[list[_Attempt]] = []
-    # `under_floor_expected`: the planners whose rounds ran down to their most
+    # `worth_probing_under_floor`: the planners whose rounds ran down to their most
     # aggressive plan in some search, and the plans `out_of_reach` judged.
     completed: set[Planner | None] = set()
     judged_out: set[tuple[Any, ...]] = set()
@@ -471,16 +471,17 @@ class Fitted:
         return False
       ratio = min(a.memory.peak_bytes / max(1, a.plan.estimated_peak_bytes) for a in made)
       best = min(a.memory.peak_bytes for a in made)
-      estimate = plan_for(budget, planner).estimated_peak_bytes
+      plan = plan_for(budget, planner)
+      estimate = plan.estimated_peak_bytes
       if estimate * ratio * (1.0 - OUT_OF_REACH_MARGIN) <= best:
         return False
-      judged_out.add((id(program), _plan_key(plan_for(budget, planner))))
+      judged_out.add((id(plan.program), _plan_key(plan)))
       self._log(f"{getattr(planner, '__name__', 'planner')}: estimate {format_bytes(estimate)}, "
                 f"compiled at {ratio:.2f}x at best, above this search's smallest compiled peak "
                 f"{format_bytes(best)}: not compiled")
       return True
 
-    def under_floor_expected(planner: Planner | None, budget: int) -> bool:
+    def worth_probing_under_floor(planner: Planner | None, budget: int) -> bool:
       """Whether ``planner``'s plan for ``budget`` (just under the floor) is worth a compile.
 
       Not when the planner's rounds ran from the budget down to its most
@@ -500,7 +501,8 @@ class Fitted:
       """
       if planner in completed:
         return False
-      if (id(program), _plan_key(plan_for(budget, planner))) in judged_out:
+      plan = plan_for(budget, planner)
+      if (id(plan.program), _plan_key(plan)) in judged_out:
         self._log(f"{getattr(planner, '__name__', 'auto')}: the plan judged out of reach: "
                   f"not compiled")
         return False
@@ -1010,12 +1012,12 @@ class Fitted:
         # reported as 9.03 MiB). Only on XLA:CPU, where `within_reach` cut
         # the search short of the fallback planners; elsewhere every
         # planner's rounds ran down to its floor.
-        # Only the plans expected to compile under what the rounds reached
-        # (`under_floor_expected`).
+        # Not for a planner whose rounds ran down to its most aggressive plan,
+        # nor a plan `out_of_reach` judged (`worth_probing_under_floor`).
         self._log(f"each planner's plan for a budget just under the floor, "
                   f"{format_bytes(int(under))}")
         for planner in (None, *self._fallback_planners()):
-          if under_floor_expected(planner, int(under)):
+          if worth_probing_under_floor(planner, int(under)):
             attempt(int(under), {}, planner)
       reached = min(tried, key=lambda t: t.memory.peak_bytes)
       for candidate in (reached,) if reached is reached_before else (reached, reached_before):
