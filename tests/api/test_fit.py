@@ -439,6 +439,29 @@ def test_floor_advice_follows_the_largest_kinds():
   scans = floor_advice([("values stacked by scans", 50 * mib), ("parameters", 50 * mib)],
                        100 * mib, donated=True, cpu=False, fallback=False)
   assert "`jax.checkpoint` on the scan body" in scans
+  # XLA:CPU's memory scheduler, where activations or XLA's buffers hold the
+  # floor and the process has not turned the breadth-first default off.
+  scheduler = "xla_cpu_enable_concurrency_optimized_scheduler=false"
+  floor = [("activations kept for the backward pass", 70 * mib), ("parameters", 30 * mib)]
+  assert scheduler in floor_advice(floor, 100 * mib, donated=True, cpu=True, fallback=False,
+                                   breadth_first=True)
+  assert scheduler not in floor_advice(floor, 100 * mib, donated=True, cpu=True, fallback=False,
+                                       breadth_first=False)
+  assert scheduler not in floor_advice(floor, 100 * mib, donated=True, cpu=False, fallback=False,
+                                       breadth_first=True)
+  assert scheduler not in floor_advice([("parameters", 100 * mib)], 100 * mib, donated=True,
+                                       cpu=True, fallback=False, breadth_first=True)
+
+
+def test_the_cpu_scheduler_is_breadth_first_unless_xla_flags_turn_it_off(monkeypatch):
+  from jaxmem._src.api.fit import cpu_schedules_breadth_first
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  assert cpu_schedules_breadth_first()
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x "
+                     "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+  assert not cpu_schedules_breadth_first()
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
+  assert cpu_schedules_breadth_first()
 
 
 def _accumulating_step():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -1077,7 +1078,8 @@ class Fitted:
           budget_bytes=budget, smallest_bytes=smallest, holders=holders, floor=floor,
           advice=floor_advice(floor, smallest, donated=bool(donate),
                               cpu=target.platform == "cpu",
-                              fallback=self.compiler_fallback))
+                              fallback=self.compiler_fallback,
+                              breadth_first=cpu_schedules_breadth_first()))
     if probe_options:
       final = found.lowered.compile()
       memory = self._as_probed(compiled_memory(final), found.memory, budget)
@@ -1342,9 +1344,29 @@ def _body_at_peak(plan: Plan, sched: Any, prof: Any) -> str:
   return f"{BODY_KIND}the `{op.primitive}` at {op.source} (its working set)"
 
 
+#: XLA:CPU's scheduler option: on (the default), independent work runs breadth-first.
+CPU_SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
+
+
+def cpu_schedules_breadth_first() -> bool:
+  """Whether XLA:CPU here schedules breadth-first: its default, unless ``XLA_FLAGS`` says no.
+
+  The option is read from ``XLA_FLAGS`` only: a compile option of that name is
+  accepted and ignored (``bench/xla_cpu_scheduler.py``), so a fit cannot ask for
+  the memory scheduler itself.
+  """
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  return not any(f.replace("-", "_").lstrip("_").startswith(CPU_SCHEDULER_FLAG)
+                 and f.rsplit("=", 1)[-1].lower() in ("false", "0") for f in flags)
+
+
 def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,
-                 fallback: bool) -> str:
-  """What would lower a floor of :func:`floor_by_kind`, from its largest kinds."""
+                 fallback: bool, breadth_first: bool = False) -> str:
+  """What would lower a floor of :func:`floor_by_kind`, from its largest kinds.
+
+  ``breadth_first``: XLA:CPU schedules the step with its default,
+  concurrency-optimized scheduler (:func:`cpu_schedules_breadth_first`).
+  """
   total = max(1, sum(b for _, b in floor if b > 0))
   share = dict(floor)
 
@@ -1380,6 +1402,11 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
   if xla >= 0.1:
     hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
     out.append(f"XLA's own buffers hold {xla:.0%}{hint}.")
+  if cpu and breadth_first and kept + xla >= 0.25:
+    out.append("XLA:CPU runs independent work breadth-first by default, which holds more at "
+               f"once: starting Python with `XLA_FLAGS=--{CPU_SCHEDULER_FLAG}=false` compiles "
+               "with its memory scheduler instead, often to a much lower peak (jaxmem cannot "
+               "choose it per step; bench/results/xla_cpu_scheduler.md).")
   if len(out) == 1:
     out.append("reduce the batch size, or donate arguments (`donate_argnums`).")
   return " ".join(out[:1]) + "\n  - " + "\n  - ".join(out[1:])

@@ -128,7 +128,7 @@ def hidden_bytes(eqn: _compat.JaxprEqn, backend: str, substituted: bool = False)
 
 def pool_argmax_expansions(program: Program,
                            planned: bool = False) -> dict[int, tuple[int, int]]:
-  """``{op index: (hoisted, transient)}``: XLA:CPU's max-pool argmax, charged where the forward pool runs.
+  """``{op index: (hoisted, transient)}``: XLA:CPU's max-pool argmax, charged at the forward pool.
 
   XLA:CPU expands ``select_and_scatter_add`` (the gradient of a max pool)
   into a variadic ``reduce-window`` over the operand and one ``s32`` iota
