@@ -17,7 +17,8 @@ median wall time of the compiled step under each scheduler, and jaxmem's
 estimate (``jaxmem.analyze``, which models the default) against each peak.
 Writes ``bench/results/xla_cpu_scheduler.{json,md}``.
 
-Run: ``python bench/xla_cpu_scheduler.py`` (about 25 minutes on 2 CPUs);
+Run: ``python bench/xla_cpu_scheduler.py`` (about 40 minutes on 2 CPUs: a fresh process per
+step and scheduler);
 ``--only NAME`` measures the steps whose name contains ``NAME`` and writes nothing.
 """
 
@@ -41,16 +42,16 @@ FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
 RUNS = 3
 
 
-def _measure_child(only: str, out: str) -> None:
-  """In a subprocess whose XLA_FLAGS pick the scheduler: each step's compiled peak and time."""
+def _measure_child(name: str, out: str) -> None:
+  """In a subprocess whose XLA_FLAGS pick the scheduler: one step's compiled peak and time."""
   import jax
   import jaxmem
   sys.path.insert(0, str(HERE))
   from corpus import EVERY, all_entries
 
   rows = {}
-  entries = [e for e in all_entries(EVERY) if only in e.name]
-  for i, entry in enumerate(entries):
+  entries = [e for e in all_entries(EVERY) if e.name == name]
+  for entry in entries:
     step, args = entry.make()
     jitted = jax.jit(step, donate_argnums=entry.donate)
     compiled = jitted.lower(*args).compile()
@@ -65,19 +66,17 @@ def _measure_child(only: str, out: str) -> None:
         times.append(time.perf_counter() - t0)
     rows[entry.name] = dict(peak_mib=round(peak / MiB, 2),
                             step_ms=round(1e3 * statistics.median(times), 2))
-    print(f"  [{i + 1}/{len(entries)}] {entry.name:30} {rows[entry.name]['peak_mib']:8.1f} MiB "
-          f"{rows[entry.name]['step_ms']:8.1f} ms", flush=True)
   pathlib.Path(out).write_text(json.dumps(rows))
 
 
-def _run_child(only: str, concurrency: bool, out: pathlib.Path) -> dict:
+def _run_child(name: str, concurrency: bool, out: pathlib.Path) -> dict:
+  """Step ``name`` measured in a fresh process under one scheduler."""
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if FLAG not in f)
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"{flags} --{FLAG}={'true' if concurrency else 'false'}".strip())
-  print(f"--{FLAG}={'true' if concurrency else 'false'}:", flush=True)
-  subprocess.run([sys.executable, __file__, "--child", str(out), "--only", only], env=env,
+  subprocess.run([sys.executable, __file__, "--child", str(out), "--name", name], env=env,
                  check=True)
-  return json.loads(out.read_text())
+  return json.loads(out.read_text())[name]
 
 
 def _estimates(only: str) -> dict:
@@ -136,18 +135,25 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", default="", help="the steps whose name contains this")
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--name", default=None, help=argparse.SUPPRESS)
   opts = parser.parse_args()
   if opts.child:
-    _measure_child(opts.only, opts.child)
+    _measure_child(opts.name, opts.child)
     return
   import tempfile
-  with tempfile.TemporaryDirectory(prefix="jaxmem-scheduler-") as tmp:
-    bfs = _run_child(opts.only, True, pathlib.Path(tmp) / "bfs.json")
-    dfs = _run_child(opts.only, False, pathlib.Path(tmp) / "dfs.json")
   estimates = _estimates(opts.only)
-  rows = [dict(name=name, bfs_mib=bfs[name]["peak_mib"], dfs_mib=dfs[name]["peak_mib"],
-               bfs_ms=bfs[name]["step_ms"], dfs_ms=dfs[name]["step_ms"],
-               estimate_mib=estimates[name]) for name in bfs]
+  rows = []
+  with tempfile.TemporaryDirectory(prefix="jaxmem-scheduler-") as tmp:
+    # Each step under both schedulers, one after the other, so that their
+    # times share the machine's state.
+    for i, name in enumerate(estimates):
+      bfs = _run_child(name, True, pathlib.Path(tmp) / "bfs.json")
+      dfs = _run_child(name, False, pathlib.Path(tmp) / "dfs.json")
+      rows.append(dict(name=name, bfs_mib=bfs["peak_mib"], dfs_mib=dfs["peak_mib"],
+                       bfs_ms=bfs["step_ms"], dfs_ms=dfs["step_ms"],
+                       estimate_mib=estimates[name]))
+      print(f"[{i + 1}/{len(estimates)}] {name:30} {bfs['peak_mib']:8.1f} -> {dfs['peak_mib']:8.1f}"
+            f" MiB, {bfs['step_ms']:8.1f} -> {dfs['step_ms']:8.1f} ms", flush=True)
   import jax
   sys.path.insert(0, str(HERE))
   from _results import commit, write_excerpt
