@@ -342,15 +342,18 @@ def _duplicated_operand(program: Program, dot: Op, pos: int) -> bool:
   by the clip factors, which waits for every layer's norm; the estimate,
   which stored the product once, was 41.2% under the compiled peak.
 
-  The operand may be read through views (a transpose, a reshape); the
-  product must have a reader other than ``dot`` (the only reader takes the
-  product into its own fusion). Departure: only dots are modelled; a
-  convolution reading such a product is not measured. The pass does not
-  matter: a forward activation that a backward dot reads is most often a
-  product of full-size values (``x * mask``, ``a + b``), not effectively
-  unary, and keeps its one stored buffer (counting a copy for every dot
-  reading any cheap value put a Fourier neural operator 22.7% over its
-  compiled peak, 11.4% without).
+  The dot reads the product through a transpose (and maybe reshapes): the
+  copy is the product written in the dot's layout, as the reduction's is in
+  its own. The product must have a reader other than ``dot`` (the only
+  reader takes the product into its own fusion), and must not be a
+  broadcast or made from constants. Departure: only dots are modelled; a
+  convolution reading such a product is not measured. Looser forms
+  over-count: a copy for every dot reading any cheap value put a Fourier
+  neural operator 22.7% over its compiled peak (11.4% without; its forward
+  activations are products of full-size values, stored once), and one for
+  every dot reading an effectively unary product directly put flax ReLU
+  MLPs 5-7% over (a ReLU's output, read by the next layer and by its weight
+  gradient, is stored once).
   """
   x = dot.inputs[pos]
   if not isinstance(x, int) or program.vars[x].is_input:
@@ -363,7 +366,18 @@ def _duplicated_operand(program: Program, dot: Op, pos: int) -> bool:
       return False
     chain.append(x)
     maker = program.ops[program.vars[x].defined_by]
-  if op_fusion_kind(program, maker) is not Fusion.CHEAP or len(maker.outputs) != 1:
+  if (op_fusion_kind(program, maker) is not Fusion.CHEAP or len(maker.outputs) != 1
+      or maker.primitive == "broadcast_in_dim" or program.constant_like[maker.outputs[0]]):
+    # (A broadcast or a value made from constants is built once, up front
+    # (`hoisted_constants`, `shared_broadcasts`): a copy from there would
+    # live through the whole forward pass; a loss's cotangent of ones read by
+    # the last layer's two dots put a two-layer MLP's estimate 20% over.)
+    return False
+  if not any(program.ops[program.vars[v].defined_by].primitive == "transpose"
+             for v in chain[:-1]):
+    # Read as it is made, the product is stored once and every dot reads that
+    # buffer (a ReLU's output read by the next layer's dot and by its weight
+    # gradient: copies for both put flax MLPs 5-7% over their compiled peaks).
     return False
   path = {program.vars[v].defined_by for v in chain[:-1]} | {dot.index}
   if all(u in path for v in chain for u in program.vars[v].uses):
