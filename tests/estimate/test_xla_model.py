@@ -603,7 +603,7 @@ def test_a_dot_reads_its_own_copy_of_a_product_xla_duplicates():
   """A per-example gradient (an outer product per example, which XLA duplicates
   into every fusion reading it) read by its norm and by the sum weighted by
   the clip factors is written twice by XLA:CPU, the weighted sum's copy from
-  where the product is made (`xla_model._duplicated_operand`)."""
+  where the product is made (`xla_model.duplicated_product_copies`)."""
   def per_example_step(w1, w2, x):
     def loss(ws, xi):
       return jnp.sum((jnp.tanh(xi @ ws[0]) @ ws[1]) ** 2)
@@ -614,14 +614,22 @@ def test_a_dot_reads_its_own_copy_of_a_product_xla_duplicates():
 
   args = (jnp.full((128, 64), 0.01), jnp.full((64, 64), 0.01), jnp.ones((16, 128)))
   prog = trace(per_example_step, args)
-  copies = xla_model.dot_layout_copies(prog)
+  copies = xla_model.duplicated_product_copies(prog)
   weighted = [op for op in _ops(prog, "dot_general") if op.phase is Phase.OTHER]
   assert len(weighted) == 2
+  memory = xla_model.op_memory_model(prog, planned=False)
   for op in weighted:
-    # The gradient, [16, 128, 64] or [16, 64, 64], is the right operand (the
-    # clip factors, tiny, are a duplicated product too).
-    early, _ = copies[op.index]
-    assert (1, prog.vars[op.inputs[1]].nbytes, xla_model.DUPLICATE) in early
+    # The gradient ([16, 128, 64] or [16, 64, 64]) is kept for the weighted
+    # sum, its last reader; its norm's reader gets the early copy.
+    grad = op.inputs[1]
+    assert op.index not in copies
+    chain = xla_model._duplicated_operand(prog, op, 1)
+    norm_readers = [r for r, cs in copies.items()
+                    if any(prog.ops[r].inputs[i] in chain for i, _, _ in cs)]
+    assert norm_readers and all(r < op.index for r in norm_readers)
+    for r in norm_readers:
+      assert (copies[r][0][1], copies[r][0][2]) == (prog.vars[grad].nbytes, xla_model.DUPLICATE)
+      assert copies[r][0] in memory[r].early
   if jax.default_backend() == "cpu":
     est = jaxmem.analyze(per_example_step, *args).peak_bytes
     compiled = jaxmem.compiled_memory(
@@ -632,7 +640,7 @@ def test_a_dot_reads_its_own_copy_of_a_product_xla_duplicates():
     y = a * b
     return y @ w, jnp.sum(y, axis=0)
   prog = trace(full_product, (jnp.ones((32, 16)), jnp.ones((32, 16)), jnp.ones((16, 8))))
-  assert xla_model.dot_layout_copies(prog) == {}
+  assert xla_model.duplicated_product_copies(prog) == {}
 
 
 def test_batched_dots_read_non_canonical_operands_through_one_copy_per_layout():
