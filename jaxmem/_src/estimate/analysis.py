@@ -110,7 +110,7 @@ def analyze_program(program: Program) -> AnalyzedProgram:
   interned: dict[CseKey, int] = {}
   keys = tuple(None if k is None else interned.setdefault(k, len(interned))
                for k in xla_model.cse_keys(program))
-  hoisted = xla_model.hoisted_constants(program)
+  hoisted = xla_model.hoisted_constants(program) | xla_model.scan_stacks_at_start(program)
   movable = xla_model.movable_ops(program)
   fusing = xla_model.operand_fusions(program)
   copies = xla_model.donation_copies(program)
