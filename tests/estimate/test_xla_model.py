@@ -766,3 +766,66 @@ def test_a_half_precision_mlp_is_estimated_within_ten_percent(dtype, param_dtype
   compiled = jaxmem.compiled_memory(
       jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()).peak_bytes
   assert abs(est / compiled - 1) <= 0.10, (est, compiled)
+
+
+def _gru_layers_step(layers, steps=64, batch=32, hidden=128):
+  """An SGD step of ``layers`` GRU layers, each a ``lax.scan`` over time (a model written here)."""
+  keys = jax.random.split(jax.random.PRNGKey(0), 2 * layers)
+  params = [dict(w=jax.random.normal(keys[2 * i], (hidden, 3 * hidden)) * 0.05,
+                 u=jax.random.normal(keys[2 * i + 1], (hidden, 3 * hidden)) * 0.05)
+            for i in range(layers)]
+  xs = jnp.ones((steps, batch, hidden))
+  h_ = hidden
+
+  def gru(p, xs):
+    proj = xs @ p["w"]
+
+    def cell(h, xp):
+      hu = h @ p["u"]
+      r = jax.nn.sigmoid(xp[:, :h_] + hu[:, :h_])
+      z = jax.nn.sigmoid(xp[:, h_:2 * h_] + hu[:, h_:2 * h_])
+      n = jnp.tanh(xp[:, 2 * h_:] + r * hu[:, 2 * h_:])
+      h = (1 - z) * n + z * h
+      return h, h
+    return jax.lax.scan(cell, jnp.zeros((batch, hidden)), proj)[1]
+
+  def step(params, xs):
+    def loss(params):
+      h = xs
+      for p in params:
+        h = gru(p, h)
+      return jnp.mean(h ** 2)
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, params, grads)
+  return step, (params, xs)
+
+
+def test_scan_stacks_are_allocated_at_the_program_start_on_the_cpu():
+  # XLA:CPU's breadth-first scheduler makes every scan's stack buffers
+  # before the first loop: with each stack born at its own scan, the
+  # estimate of three stacked GRU layers was 12.9% under the compiled peak.
+  step, args = _gru_layers_step(3)
+  prog = trace(step, args, donate_argnums=(0,))
+  scans = _ops(prog, "scan")
+  stacks = {o for op in scans for o in op.outputs[op.eqn.params["num_carry"]:]}
+  assert len(scans) == 6 and stacks       # three forward loops, three backward
+  assert xla_model.scan_stacks_at_start(prog) == (stacks if prog.backend == "cpu" else set())
+  if jax.default_backend() == "cpu":
+    est = jaxmem.analyze(step, *args, donate_argnums=(0,)).peak_bytes
+    compiled = jaxmem.compiled_memory(
+        jax.jit(step, donate_argnums=(0,)).lower(*args).compile()).peak_bytes
+    assert -0.05 * compiled <= est - compiled <= 0.1 * compiled, (est, compiled)
+
+
+def test_a_slice_a_dot_reads_is_stored_on_the_cpu():
+  # A matmul library reads a dense operand: XLA:CPU writes the slice out
+  # (a NeRF step's skip connection, whose cotangent is sliced for the dot
+  # before it: -12.5% -> -5.8% of the compiled peak).
+  def f(x, w, v):
+    h = x @ w
+    return jnp.sum(h[:, :64] @ v) + jnp.sum(jnp.sin(h[:, 64:]))
+  prog = trace(f, (jnp.ones((32, 16)), jnp.ones((16, 96)), jnp.ones((64, 8))))
+  read_by_dot, read_by_sin = _ops(prog, "slice")
+  kind = xla_model.op_fusion_kind(prog, read_by_dot)
+  assert kind is (Fusion.CHEAP if prog.backend == "cpu" else Fusion.VIEW)
+  assert xla_model.op_fusion_kind(prog, read_by_sin) is Fusion.VIEW
