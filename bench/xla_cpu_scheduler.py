@@ -38,6 +38,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MiB = 2 ** 20
 FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
+#: Rows of a run that was interrupted, reused by the next (deleted when a run completes).
+PARTIAL = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "jaxmem_xla_cpu_scheduler.partial.json"
 #: Step runs timed per scheduler (after one warm-up run).
 RUNS = 3
 
@@ -58,8 +60,12 @@ def _measure_child(name: str, out: str) -> None:
     peak = jaxmem.compiled_memory(compiled).peak_bytes
     times = []
     for k in range(RUNS + 1):
-      # Donated arguments are consumed by a run: every run gets fresh ones.
+      # Donated arguments are consumed by a run: every run gets fresh ones,
+      # each leaf a buffer of its own (an actor-critic's target networks
+      # start as the same arrays as its networks: donating one buffer twice
+      # is an error).
       step, args = entry.make()
+      args = jax.tree.map(lambda a: a.copy() if isinstance(a, jax.Array) else a, args)
       t0 = time.perf_counter()
       jax.block_until_ready(compiled(*args))
       if k:
@@ -106,7 +112,9 @@ def render(rows: list[dict], meta: dict) -> tuple[str, str]:
       f"`python bench/xla_cpu_scheduler.py` jax {meta['jax']}, commit `{meta['commit']}`, "
       f"{meta['machine']}: plain `jax.jit` of {len(rows)} corpus steps compiled under XLA:CPU's "
       f"breadth-first scheduler (the default) and its depth-first memory scheduler "
-      f"(`XLA_FLAGS=--{FLAG}=false`).",
+      f"(`XLA_FLAGS=--{FLAG}=false`)."
+      + (f" Peaks and times of {meta['resumed']} (kept; they do not depend on jaxmem); "
+         f"estimates of this commit." if meta.get("resumed") else ""),
       "",
       f"* Memory scheduler / default, compiled peak: median {statistics.median(ratios):.2f}, "
       f"from {min(ratios):.2f} to {max(ratios):.2f}; more than 5% lower on {len(lower)} of "
@@ -141,30 +149,52 @@ def main() -> None:
     _measure_child(opts.name, opts.child)
     return
   import tempfile
+  import jax
   estimates = _estimates(opts.only)
   rows = []
+  # Steps measured by an interrupted run (the compiled peaks and times do
+  # not depend on jaxmem, only on jax and the corpus): kept, not measured again.
+  done, resumed, source = {}, "", "an interrupted run of this script"
+  if PARTIAL.exists() and not opts.only:
+    saved = json.loads(PARTIAL.read_text())
+    if saved["jax"] == jax.__version__:
+      done = {r["name"]: r for r in saved["rows"]}
+      source = saved.get("source", source)
+      resumed = f"{len(done)} steps measured by {source}"
+      print(f"{resumed} ({PARTIAL})")
   with tempfile.TemporaryDirectory(prefix="jaxmem-scheduler-") as tmp:
     # Each step under both schedulers, one after the other, so that their
     # times share the machine's state.
     for i, name in enumerate(estimates):
-      bfs = _run_child(name, True, pathlib.Path(tmp) / "bfs.json")
-      dfs = _run_child(name, False, pathlib.Path(tmp) / "dfs.json")
+      if name in done:
+        r = done[name]
+        bfs = dict(peak_mib=r["bfs_mib"], step_ms=r["bfs_ms"])
+        dfs = dict(peak_mib=r["dfs_mib"], step_ms=r["dfs_ms"])
+      else:
+        bfs = _run_child(name, True, pathlib.Path(tmp) / "bfs.json")
+        dfs = _run_child(name, False, pathlib.Path(tmp) / "dfs.json")
       rows.append(dict(name=name, bfs_mib=bfs["peak_mib"], dfs_mib=dfs["peak_mib"],
                        bfs_ms=bfs["step_ms"], dfs_ms=dfs["step_ms"],
                        estimate_mib=estimates[name]))
+      if not opts.only:
+        PARTIAL.write_text(json.dumps(dict(
+            jax=jax.__version__, source=source,
+            rows=[{k: v for k, v in r.items() if k != "estimate_mib"} for r in rows]
+            + [r for n, r in done.items() if n not in {x["name"] for x in rows}])))
       print(f"[{i + 1}/{len(estimates)}] {name:30} {bfs['peak_mib']:8.1f} -> {dfs['peak_mib']:8.1f}"
             f" MiB, {bfs['step_ms']:8.1f} -> {dfs['step_ms']:8.1f} ms", flush=True)
   import jax
   sys.path.insert(0, str(HERE))
   from _results import commit, write_excerpt
   meta = dict(jax=jax.__version__, commit=commit(),
-              machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+              machine=f"{platform.machine()}, {os.cpu_count()} CPUs", resumed=resumed)
   full, excerpt = render(rows, meta)
   if not opts.only:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "xla_cpu_scheduler.json").write_text(json.dumps(dict(meta=meta, rows=rows),
                                                                indent=1))
     (RESULTS / "xla_cpu_scheduler.md").write_text(full)
+    PARTIAL.unlink(missing_ok=True)
     write_excerpt("xla_cpu_scheduler", excerpt)
   print(full)
 
