@@ -183,7 +183,6 @@ def main() -> None:
             + [r for n, r in done.items() if n not in {x["name"] for x in rows}])))
       print(f"[{i + 1}/{len(estimates)}] {name:30} {bfs['peak_mib']:8.1f} -> {dfs['peak_mib']:8.1f}"
             f" MiB, {bfs['step_ms']:8.1f} -> {dfs['step_ms']:8.1f} ms", flush=True)
-  import jax
   sys.path.insert(0, str(HERE))
   from _results import commit, write_excerpt
   meta = dict(jax=jax.__version__, commit=commit(),
