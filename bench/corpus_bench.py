@@ -50,7 +50,13 @@ steps led to estimate changes after its first run, which is kept in
 ``--set novel`` measures ``bench/corpus/novel.py``: steps written after the
 unseen set had served to diagnose the estimate; into
 ``bench/results/novel.{json,md}``. Its first run is kept in
-``bench/results/novel_first.json`` before anything is changed because of it.
+``bench/results/novel_first.json``; its Fourier neural operator led to an
+estimate change after it.
+
+``--set untried`` measures ``bench/corpus/untried.py``: steps written after the
+novel set had served to diagnose the estimate; into
+``bench/results/untried.{json,md}``. Its first run is kept in
+``bench/results/untried_first.json`` before anything is changed because of it.
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, UNTRIED, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
@@ -96,11 +102,13 @@ FRESH_FIRST = RESULTS / "fresh_first.json"
 UNSEEN_FIRST = RESULTS / "unseen_first.json"
 #: The first run on the novel steps, before any change made after measuring them.
 NOVEL_FIRST = RESULTS / "novel_first.json"
+#: The first run on the untried steps, before any change made after measuring them.
+UNTRIED_FIRST = RESULTS / "untried_first.json"
 #: Per ``--set``: the family modules, the results files' stem, and the first
 #: run summarized beside the current one.
 SETS = {"main": (FAMILIES, "corpus", BEFORE), "heldout": (HELDOUT, "heldout", HELDOUT_FIRST),
         "fresh": (FRESH, "fresh", FRESH_FIRST), "unseen": (UNSEEN, "unseen", UNSEEN_FIRST),
-        "novel": (NOVEL, "novel", NOVEL_FIRST)}
+        "novel": (NOVEL, "novel", NOVEL_FIRST), "untried": (UNTRIED, "untried", UNTRIED_FIRST)}
 
 
 def _fresh(args: Any) -> Any:
@@ -350,7 +358,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any],
           "`bench/corpus/` (written to measure jaxmem, not for it), on XLA:CPU with the `ffi` "
           "backend.")
   heldout = which == "heldout"
-  if which in ("fresh", "unseen", "novel"):
+  if which in ("fresh", "unseen", "novel", "untried"):
     head = (f"`python bench/corpus_bench.py --set {which}` jax {meta['jax']}, commit "
             f"`{meta['commit']}`, {meta['machine']}: {len(rows)} train steps of "
             f"{len(families)} families from `bench/corpus/{which}.py`, written after an earlier "

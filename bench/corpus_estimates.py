@@ -1,7 +1,7 @@
 """jaxmem's estimate against the compiled peak on every corpus step, every set, nothing fitted.
 
 For each step of ``bench/corpus/`` (the main families, the held-out, fresh,
-unseen and novel sets): the peak ``jaxmem.analyze`` estimates before anything is
+unseen, novel and untried sets): the peak ``jaxmem.analyze`` estimates before anything is
 compiled, the peak of plain ``jax.jit`` as XLA:CPU compiles it
 (``memory_analysis()``), and the relative error. The same figures as the
 "estimate" columns of ``bench/corpus_bench.py``, without its fits: a few
@@ -32,12 +32,12 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, all_entries  # noqa: E402
+from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, UNTRIED, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
 SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN),
-        ("novel", NOVEL))
+        ("novel", NOVEL), ("untried", UNTRIED))
 #: The issue's bar: within this fraction of the compiled peak.
 WITHIN = 0.10
 #: An estimate this far under the compiled peak misleads the budget arithmetic.

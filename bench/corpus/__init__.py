@@ -38,8 +38,12 @@ UNSEEN = ("unseen",)
 #: diagnose the estimate (its capsule and Sinkhorn steps), measured as it
 #: came (``bench/corpus_bench.py --set novel``).
 NOVEL = ("novel",)
+#: The untried set (``untried.py``): written after the novel set had served
+#: to diagnose the estimate (its Fourier neural operator), measured as it
+#: came (``bench/corpus_bench.py --set untried``).
+UNTRIED = ("untried",)
 #: Every set's modules, the main corpus first.
-EVERY = FAMILIES + HELDOUT + FRESH + UNSEEN + NOVEL
+EVERY = FAMILIES + HELDOUT + FRESH + UNSEEN + NOVEL + UNTRIED
 
 
 @dataclasses.dataclass(frozen=True)
