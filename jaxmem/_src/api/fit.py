@@ -1020,6 +1020,14 @@ class Fitted:
         for planner in (None, *self._fallback_planners()):
           if worth_probing_under_floor(planner, int(under)):
             attempt(int(under), {}, planner)
+        # `auto` picks another planner at a looser target, and that plan may
+        # compile lower still (a Mamba-style step at 0.3: the floor was 49.84
+        # MiB while its plan for 0.5 of the peak, another planner's, compiled
+        # to 48.00 MiB): its plans for a rung below and one above are
+        # compiled too, once each.
+        for rung in UNDER_FLOOR_RUNGS:
+          if int(under * rung) < program.peak_bytes:
+            attempt(int(under * rung), {}, None)
       reached = min(tried, key=lambda t: t.memory.peak_bytes)
       for candidate in (reached,) if reached is reached_before else (reached, reached_before):
         if candidate.memory.peak_bytes >= under:
@@ -1236,6 +1244,11 @@ LIMIT_REACH = 1.5
 # search for it (and reported when reached) only when it is lower than the
 # floors' by more than this share.
 CHECK_GAIN = 0.03
+
+# A failed search on XLA:CPU also compiles `auto`'s plans for these multiples
+# of the target just under its floor: the planner `auto` picks, and the peak
+# its plan compiles to, do not follow the target monotonically.
+UNDER_FLOOR_RUNGS = (0.85, 1.25)
 
 # `relax`: looser plans tried after a fit, and the unused share of the budget
 # (of its compiled peak) below which the fitting plan is kept as it is.
