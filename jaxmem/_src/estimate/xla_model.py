@@ -915,6 +915,12 @@ def unduplicable_ops(program: Program, kinds: Sequence[Fusion]) -> frozenset[int
   ops = program.ops
   pvars = program.vars
   readers = [sorted({u for o in op.outputs for u in pvars[o].uses}) for op in ops]
+  candidates = [op.index for op in ops
+                if kinds[op.index] is Fusion.CHEAP and op.phase is Phase.FORWARD
+                and len(op.outputs) == 1 and len(readers[op.index]) >= 2
+                and not _effectively_unary(program, op) and not _ends_matmul_epilogue(program, op)]
+  if not candidates:
+    return frozenset()
   # Per op, the ops reachable from it (itself included) as a bit mask.
   below = [0] * len(ops)
   for k in range(len(ops) - 1, -1, -1):
@@ -950,12 +956,7 @@ def unduplicable_ops(program: Program, kinds: Sequence[Fusion]) -> frozenset[int
     return memo[key]
 
   # Readers before producers, as XLA walks its post order backwards.
-  for k in range(len(ops) - 1, -1, -1):
-    op = ops[k]
-    if (kinds[k] is not Fusion.CHEAP or op.phase is not Phase.FORWARD or len(op.outputs) != 1
-        or len(readers[k]) < 2 or _effectively_unary(program, op)
-        or _ends_matmul_epilogue(program, op)):
-      continue
+  for k in reversed(candidates):
     if not all(fuses_on_all_paths(k, c) for c in readers[k]):
       stored.add(k)
   return frozenset(stored)
