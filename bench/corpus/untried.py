@@ -72,13 +72,12 @@ class _Hyena(nn.Module):
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
-def _hyena(batch, length, vocab, dim, depth, seed):
+def _next_token_lm(model, tx, batch, length, vocab, seed):
+  """A next-token LM step of ``model`` on random tokens, updated by ``tx``."""
   def make():
     rng = np.random.default_rng(seed)
     tokens = jnp.asarray(rng.integers(0, vocab, size=(batch, length + 1)), jnp.int32)
-    model = _Hyena(vocab, dim, depth)
     params = model.init(jax.random.PRNGKey(seed), tokens[:, :-1])
-    tx = optax.adamw(1e-3, weight_decay=0.01)
 
     def loss_fn(params, tokens):
       logits = model.apply(params, tokens[:, :-1])
@@ -86,6 +85,11 @@ def _hyena(batch, length, vocab, dim, depth, seed):
 
     return _train_step(tx, loss_fn), (params, tx.init(params), tokens)
   return make
+
+
+def _hyena(batch, length, vocab, dim, depth, seed):
+  return _next_token_lm(_Hyena(vocab, dim, depth), optax.adamw(1e-3, weight_decay=0.01),
+                        batch, length, vocab, seed)
 
 
 # ------------------------------------------------ Mamba-style selective scan
@@ -132,19 +136,9 @@ class _Mamba(nn.Module):
 
 
 def _mamba(batch, length, vocab, dim, depth, seed):
-  def make():
-    rng = np.random.default_rng(seed)
-    tokens = jnp.asarray(rng.integers(0, vocab, size=(batch, length + 1)), jnp.int32)
-    model = _Mamba(vocab, dim, depth)
-    params = model.init(jax.random.PRNGKey(seed), tokens[:, :-1])
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
-
-    def loss_fn(params, tokens):
-      logits = model.apply(params, tokens[:, :-1])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    return _train_step(tx, loss_fn), (params, tx.init(params), tokens)
-  return make
+  return _next_token_lm(_Mamba(vocab, dim, depth),
+                        optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+                        batch, length, vocab, seed)
 
 
 # ---------------------------------------- energy-based model, Langevin samples

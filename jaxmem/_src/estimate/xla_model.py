@@ -799,21 +799,21 @@ def op_memory_model(program: Program, *, planned: bool) -> tuple[OpMemory, ...]:
   (:mod:`jaxmem._src.ir.substitutions`); otherwise as plain ``jax.jit``
   compiles it. On a sharded program the hidden bytes are this device's share.
   """
-  kinds = tuple(op_fusion_kind(program, op) for op in program.ops)
-  return _op_memory(program, planned, kinds, unduplicable_ops(program, kinds),
-                    shared_broadcasts(program), hoisted_scalar_broadcasts(program),
-                    scan_stack_zeros(program), dot_layout_copies(program),
-                    duplicated_product_copies(program))
+  return _op_memory(program, planned, *_walks(program))
 
 
 def op_memory_models(program: Program) -> tuple[tuple[OpMemory, ...], tuple[OpMemory, ...]]:
   """``(unplanned, planned)`` :func:`op_memory_model` s, sharing the walks they have in common."""
-  kinds = tuple(op_fusion_kind(program, op) for op in program.ops)
-  walks = (kinds, unduplicable_ops(program, kinds),
-           shared_broadcasts(program), hoisted_scalar_broadcasts(program),
-           scan_stack_zeros(program), dot_layout_copies(program),
-           duplicated_product_copies(program))
+  walks = _walks(program)
   return _op_memory(program, False, *walks), _op_memory(program, True, *walks)
+
+
+def _walks(program: Program) -> tuple[Any, ...]:
+  """The program walks :func:`_op_memory` takes after ``planned``, in its argument order."""
+  kinds = tuple(op_fusion_kind(program, op) for op in program.ops)
+  return (kinds, unduplicable_ops(program, kinds), shared_broadcasts(program),
+          hoisted_scalar_broadcasts(program), scan_stack_zeros(program),
+          dot_layout_copies(program), duplicated_product_copies(program))
 
 
 def scan_stacks_at_start(program: Program) -> frozenset[int]:
