@@ -6,7 +6,8 @@
 * :func:`tanh_mlp`: ``jax.grad`` of a bare tanh MLP, a program small enough to
   reason about by hand (one matmul and one ``tanh`` per layer);
 * :func:`scanned_tanh_mlp`: an SGD step of the same MLP with its layers in one
-  ``lax.scan``.
+  ``lax.scan``;
+* :func:`hypernetwork`: an SGD step whose floor is one fusion's working set.
 
 Tests import them (``from models import mlp``); ``conftest.py`` puts this
 folder and ``examples/`` on ``sys.path``.
@@ -20,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxmem
 
@@ -63,3 +65,27 @@ def scanned_tanh_mlp(layers: int = 12, width: int = 128, batch: int = 1024
     return ws - 0.1 * jax.grad(loss)(ws, x)
 
   return step, (jnp.full((layers, width, width), 0.01), jnp.ones((batch, width)))
+
+
+def hypernetwork(batch: int = 16, points: int = 256, features: int = 16, width: int = 128
+                 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """An SGD step of a hypernetwork: per-example weights of a tanh layer generated from a context.
+
+  The [batch, points, width] tanh is read by the output's matmul and by its own gradient, so XLA
+  writes that gradient into a buffer of its own: one fusion reads the tanh
+  and writes its gradient, the step's floor with its arguments.
+  """
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(batch, points, features)), jnp.float32)
+  z = jnp.asarray(rng.normal(size=(batch, 8)), jnp.float32)
+  params = {"g": jnp.asarray(rng.normal(size=(8, features * width)), jnp.float32) * 0.1,
+            "v": jnp.asarray(rng.normal(size=(width,)), jnp.float32)}
+
+  def step(params, z, x):
+    def loss(p):
+      w = (z @ p["g"]).reshape(batch, features, width)
+      h = jnp.tanh(jnp.einsum("bpf,bfw->bpw", x, w))
+      return jnp.mean((h @ p["v"]) ** 2)
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, params, grads)
+  return step, (params, z, x)

@@ -455,6 +455,32 @@ def test_floor_advice_follows_the_largest_kinds():
                                        cpu=True, fallback=False, breadth_first=True)
 
 
+def test_floor_advice_names_the_instruction_whose_working_set_is_the_floor():
+  from jaxmem._src.api.fit import floor_advice
+  from jaxmem._src.verify.working_set import WorkingSet
+  mib = 2 ** 20
+  floor = [("activations kept for the backward pass", 70 * mib), ("parameters", 30 * mib)]
+  ws = WorkingSet("fusion.7", "transpose(jvp(Net))/add_any", 35 * mib, 35 * mib)
+  text = floor_advice(floor, 100 * mib, donated=True, cpu=True, fallback=False,
+                      breadth_first=True, working_set=ws)
+  assert "`fusion.7` (`transpose(jvp(Net))/add_any`) reads 35.00 MiB and writes 35.00 MiB" in text
+  assert "splits one instruction" in text
+  # The generic lines it replaces: no plan and no scheduler orders one instruction.
+  assert "activations and temporaries hold" not in text
+  assert "xla_cpu_enable_concurrency_optimized_scheduler" not in text
+
+
+def test_a_floor_of_one_instructions_working_set_is_named_by_the_budget_error():
+  # A hypernetwork's per-example tanh and its gradient, read and written by
+  # one fusion, are the floor with the arguments: the error says so.
+  step, args = models.hypernetwork()
+  with pytest.raises(jaxmem.BudgetError) as info:
+    jaxmem.fit(0.5, donate_argnums=(0,))(step).fit_result(*args)
+  if jax.default_backend() == "cpu":
+    assert "one instruction holds it" in info.value.advice
+    assert "reads 2.0" in info.value.advice and "writes 2.00 MiB" in info.value.advice
+
+
 def test_the_cpu_scheduler_is_breadth_first_unless_xla_flags_turn_it_off(monkeypatch):
   from jaxmem._src.api.fit import cpu_schedules_breadth_first
   monkeypatch.delenv("XLA_FLAGS", raising=False)

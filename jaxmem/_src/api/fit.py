@@ -39,6 +39,7 @@ from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import PLANNERS, as_planner
 from jaxmem._src.planners.scan_policy import scan_frontier
 from jaxmem._src.planners.segments import segments
+from jaxmem._src.verify.working_set import WorkingSet, working_set_floor
 from jaxmem._src.verify.compiled import (CompiledCost, CompiledMemory, collective_buffers,
                                          compiled_cost, compiled_memory)
 
@@ -1050,8 +1051,10 @@ class Fitted:
       # always works ("already fits"), so no smaller-looking plan may hide it.
       smallest, holders = best.memory.peak_bytes, _holders(best.plan)
       at_floor, floor_plan, floor_lowered = best.compiled, best.plan, best.lowered
+      floor_memory = best.memory
       if base_mem.peak_bytes <= smallest:
         smallest, at_floor, floor_lowered = base_mem.peak_bytes, base_compiled, base_lowered
+        floor_memory = base_mem
         floor_plan = Plan(unplanned_program, (), budget, unplanned_program.peak_bytes,
                           unplanned_program.peak_bytes, "none")
         holders = _holders(floor_plan)
@@ -1087,7 +1090,8 @@ class Fitted:
           advice=floor_advice(floor, smallest, donated=bool(donate),
                               cpu=target.platform == "cpu",
                               fallback=self.compiler_fallback,
-                              breadth_first=cpu_schedules_breadth_first()))
+                              breadth_first=cpu_schedules_breadth_first(),
+                              working_set=_floor_working_set(at_floor, floor_memory)))
     if probe_options:
       final = found.lowered.compile()
       memory = self._as_probed(compiled_memory(final), found.memory, budget)
@@ -1373,12 +1377,30 @@ def cpu_schedules_breadth_first() -> bool:
                  and f.rsplit("=", 1)[-1].lower() in ("false", "0") for f in flags)
 
 
+def _floor_working_set(compiled: Any, memory: CompiledMemory) -> WorkingSet | None:
+  """The instruction whose operands and result, with the arguments and outputs, make the floor."""
+  try:
+    text = compiled.as_text()
+  except (AttributeError, NotImplementedError, RuntimeError):   # no HLO text on this backend
+    return None
+  if not text:
+    return None
+  try:
+    return working_set_floor(text, memory.peak_bytes - memory.temp_bytes, memory.peak_bytes)
+  except ValueError:                                             # no ENTRY computation
+    return None
+
+
 def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,
-                 fallback: bool, breadth_first: bool = False) -> str:
+                 fallback: bool, breadth_first: bool = False,
+                 working_set: WorkingSet | None = None) -> str:
   """What would lower a floor of :func:`floor_by_kind`, from its largest kinds.
 
   ``breadth_first``: XLA:CPU schedules the step with its default,
   concurrency-optimized scheduler (:func:`cpu_schedules_breadth_first`).
+  ``working_set``: the floor program's instruction whose operands and
+  result, with the step's arguments and outputs, hold most of the floor
+  (:func:`~jaxmem._src.verify.working_set.working_set_floor`).
   """
   total = max(1, sum(b for _, b in floor if b > 0))
   share = dict(floor)
@@ -1396,8 +1418,16 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
   if updates >= 0.2 and not donated:
     out.append(f"new state and gradients hold {updates:.0%}: donate the state "
                "(`donate_argnums`) so XLA writes the update into its buffers.")
+  if working_set is not None:
+    what = f" (`{working_set.op_name}`)" if working_set.op_name else ""
+    out.append(f"one instruction holds it: `{working_set.instruction}`{what} reads "
+               f"{format_bytes(working_set.read_bytes)} and writes "
+               f"{format_bytes(working_set.written_bytes)} at once, and with the step's "
+               "arguments and outputs that is nearly all of the floor. No keep, recompute or offload "
+               "decision splits one instruction: a smaller batch, the step over micro-batches, "
+               "or that computation split into parts lowers it.")
   kept = part(["activations kept for the backward pass", "temporaries"])
-  if kept >= 0.25:
+  if kept >= 0.25 and working_set is None:
     out.append(f"activations and temporaries hold {kept:.0%}, more than the plans tried could "
                "drop: they scale with the batch (a smaller one, or the step over "
                "micro-batches).")
@@ -1415,7 +1445,7 @@ def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bo
   if xla >= 0.1:
     hint = " (see `compiler_fallback=True` above)" if cpu and not fallback else ""
     out.append(f"XLA's own buffers hold {xla:.0%}{hint}.")
-  if cpu and breadth_first and kept + xla >= 0.25:
+  if cpu and breadth_first and kept + xla >= 0.25 and working_set is None:
     out.append("XLA:CPU runs independent work breadth-first by default, which holds more at "
                f"once: starting Python with `XLA_FLAGS=--{CPU_SCHEDULER_FLAG}=false` compiles "
                "with its memory scheduler instead, often to a much lower peak (jaxmem cannot "
