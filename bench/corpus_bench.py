@@ -293,12 +293,17 @@ def _plan_s(r: dict[str, Any]) -> float:
   return max(r.get("fit_s", 0.0), r.get("low_s", 0.0))
 
 
+def _kind(kind: str) -> str:
+  """A floor kind, with a source path taken relative to the repository (the checkout differs)."""
+  return re.sub(r"\S*?/(bench/corpus/)", r"\1", kind)
+
+
 def _floor_text(floor: list[list[Any]] | None) -> str:
   """The two largest kinds holding a floor, with their share."""
   if not floor:
     return ""
   total = sum(b for _, b in floor if b > 0) or 1.0
-  return "; " + ", ".join(f"{k} {b / total:.0%}" for k, b in floor[:2])
+  return "; " + ", ".join(f"{_kind(k)} {b / total:.0%}" for k, b in floor[:2])
 
 
 def _median_fraction(xs: list[float]) -> str:
@@ -309,7 +314,7 @@ def _floor_kinds(rows: list[dict[str, Any]]) -> str:
   counts: dict[str, int] = {}
   for r in rows:
     if r.get("floor"):
-      kind = r["floor"][0][0]
+      kind = _kind(r["floor"][0][0])
       counts[kind] = counts.get(kind, 0) + 1
   return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
 
