@@ -39,9 +39,9 @@ from jaxmem._src.planners.protocol import PlainPlanner, Planner
 from jaxmem._src.planners.registry import PLANNERS, as_planner
 from jaxmem._src.planners.scan_policy import scan_frontier
 from jaxmem._src.planners.segments import segments
-from jaxmem._src.verify.working_set import WorkingSet, working_set_floor
 from jaxmem._src.verify.compiled import (CompiledCost, CompiledMemory, collective_buffers,
                                          compiled_cost, compiled_memory)
+from jaxmem._src.verify.working_set import WorkingSet, working_set_floor
 
 
 @dataclasses.dataclass(frozen=True)

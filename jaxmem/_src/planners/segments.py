@@ -346,7 +346,7 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
   options.sort(key=lambda o: o[0])
   best: tuple[float, int, Plan, list[Segment]] | None = None
   # Every plan estimated, for the fill below when none fits.
-  tried: list[tuple[int, Plan, list[Segment]]] = []
+  tried: list[Plan] = []
   fitting = 0
   for guess, segs in options:
     # The cost to beat: the best fitting plan's, or the caller's.
@@ -362,7 +362,7 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
     fits = plan.estimated_peak_bytes <= budget_bytes
     key = (cost_s if fits else float("inf"), plan.estimated_peak_bytes)
     fitting += fits
-    tried.append((plan.estimated_peak_bytes, plan, segs[:k]))
+    tried.append(plan)
     if best is None or key < best[:2]:
       best = (*key, plan, segs[:k])
   if best is None:
@@ -378,7 +378,7 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
       # fills it need not be the lowest after (a conformer block's most
       # aggressive plan: 66.7 MiB filled from the lowest, 59.9 MiB from the
       # next, which compiled to 45.3 MiB). The next few are filled too.
-      for _, other, _ in sorted(tried, key=lambda t: t[0])[:FILL_CANDIDATES]:
+      for other in sorted(tried, key=lambda p: p.estimated_peak_bytes)[:FILL_CANDIDATES]:
         if other is best[2]:
           continue
         again = greedy(program, budget_bytes, device, copies=copies, window=window,

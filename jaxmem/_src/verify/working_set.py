@@ -126,10 +126,7 @@ def largest_working_set(hlo_text: str) -> WorkingSet | None:
     if ins.opcode in _NO_BUFFER:
       continue
     read = {s for op in ins.operands for s in sources(op) if temporary(s)}
-    if len(ins.arrays) > 1:
-      written = sum(a.nbytes for k, a in enumerate(ins.arrays) if temporary((ins.name, k)))
-    else:
-      written = ins.nbytes if temporary((ins.name, -1)) and temporary((ins.name, 0)) else 0
+    written = sum(a.nbytes for k, a in enumerate(ins.arrays) if temporary((ins.name, k)))
     found = WorkingSet(ins.name, _op_name(ins.attrs), sum(map(nbytes, read)), written)
     if best is None or found.nbytes > best.nbytes:
       best = found
