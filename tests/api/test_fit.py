@@ -479,6 +479,12 @@ def test_a_floor_of_one_instructions_working_set_is_named_by_the_budget_error():
   if jax.default_backend() == "cpu":
     assert "one instruction holds it" in info.value.advice
     assert "reads 2.0" in info.value.advice and "writes 2.00 MiB" in info.value.advice
+    # The compiled floor program's own temporaries at its peak, named by the
+    # model line XLA recorded: they are within the floor.
+    held = info.value.compiled_holders
+    assert held and all(b > 0 for _, b in held)
+    assert sum(b for _, b in held) <= info.value.smallest_bytes
+    assert "in the compiled program" in str(info.value)
 
 
 def test_the_cpu_scheduler_is_breadth_first_unless_xla_flags_turn_it_off(monkeypatch):

@@ -41,7 +41,7 @@ from jaxmem._src.planners.scan_policy import scan_frontier
 from jaxmem._src.planners.segments import segments
 from jaxmem._src.verify.compiled import (CompiledCost, CompiledMemory, collective_buffers,
                                          compiled_cost, compiled_memory)
-from jaxmem._src.verify.working_set import WorkingSet, working_set_floor
+from jaxmem._src.verify.working_set import WorkingSet, live_at_peak, working_set_floor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1091,7 +1091,8 @@ class Fitted:
                               cpu=target.platform == "cpu",
                               fallback=self.compiler_fallback,
                               breadth_first=cpu_schedules_breadth_first(),
-                              working_set=_floor_working_set(at_floor, floor_memory)))
+                              working_set=_floor_working_set(at_floor, floor_memory)),
+          compiled_holders=compiled_holders(at_floor, floor_memory))
     if probe_options:
       final = found.lowered.compile()
       memory = self._as_probed(compiled_memory(final), found.memory, budget)
@@ -1389,6 +1390,31 @@ def _floor_working_set(compiled: Any, memory: CompiledMemory) -> WorkingSet | No
     return working_set_floor(text, memory.peak_bytes - memory.temp_bytes, memory.peak_bytes)
   except ValueError:                                             # no ENTRY computation
     return None
+
+
+def compiled_holders(compiled: Any, memory: CompiledMemory,
+                     top: int = 8) -> list[tuple[str, int]]:
+  """The largest temporaries live at ``compiled``'s peak, read from its schedule.
+
+  ``(description, bytes)``: ``f32[8,512,512] `wrapped_broadcast.5` (jvp(PointNet)/LayerNorm_2/mul)``.
+  Empty when the program has no HLO text, or when the temporaries live at
+  once in its schedule differ from its compiled temporaries
+  (``memory.temp_bytes``) by more than a tenth: the heap's layout, or
+  loop bodies this reading leaves out, hold the rest, and a list that
+  explains less would mislead.
+  """
+  try:
+    text = compiled.as_text()
+    peak = live_at_peak(text) if text else None
+  except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+    return []
+  if peak is None or abs(peak.live_bytes - memory.temp_bytes) > 0.1 * memory.temp_bytes:
+    return []
+  out = []
+  for b in peak.buffers[:top]:
+    made = f" ({b.op_name})" if b.op_name else ""
+    out.append((f"{b.shape} `{b.instruction}`{made}", b.nbytes))
+  return out
 
 
 def floor_advice(floor: Sequence[tuple[str, int]], smallest: int, *, donated: bool, cpu: bool,

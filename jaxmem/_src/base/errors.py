@@ -38,16 +38,24 @@ class BudgetError(JaxmemError, ValueError):
       temporaries by kind, XLA's buffers beyond jaxmem's estimate), largest
       first; empty where nothing was compiled.
     advice: what would lower the floor, from its largest kinds.
+    compiled_holders: ``(description, bytes)`` of the largest temporaries
+      live at that peak in the compiled program itself, read from its
+      schedule: the buffer's type, the HLO instruction that writes it and the
+      jaxpr op XLA recorded for it (the model's line). The truth that
+      ``holders``, an estimate, may miss. Empty where it could not be read
+      or disagrees with the compiled peak by more than a tenth.
   """
 
   def __init__(self, message: str, *, budget_bytes: int, smallest_bytes: int,
                holders: Sequence[tuple[str, int]] = (),
-               floor: Sequence[tuple[str, int]] = (), advice: str = ""):
+               floor: Sequence[tuple[str, int]] = (), advice: str = "",
+               compiled_holders: Sequence[tuple[str, int]] = ()):
     self.budget_bytes = int(budget_bytes)
     self.smallest_bytes = int(smallest_bytes)
     self.holders = tuple(holders)
     self.floor = tuple(floor)
     self.advice = advice
+    self.compiled_holders = tuple(compiled_holders)
     lines = [message,
              f"  budget asked:            {format_bytes(budget_bytes)} ({budget_bytes} bytes)",
              f"  smallest peak reachable: {format_bytes(smallest_bytes)} ({smallest_bytes} bytes)"]
@@ -58,6 +66,10 @@ class BudgetError(JaxmemError, ValueError):
     if self.holders:
       lines.append("  largest holders at that peak (jaxmem's estimate of the plan):")
       lines += [f"    {format_bytes(b):>12}  {d}" for d, b in self.holders]
+    if self.compiled_holders:
+      lines.append("  largest temporaries live at that peak in the compiled program (read from "
+                   "XLA's schedule):")
+      lines += [f"    {format_bytes(b):>12}  {d}" for d, b in self.compiled_holders]
     lines.append(advice or (f"Pass a budget of at least {format_bytes(smallest_bytes)} to "
                             "`jaxmem.fit`, reduce the batch size, or donate arguments "
                             "(`donate_argnums`)."))

@@ -30,13 +30,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from jaxmem._src.verify.hlo_cost import parse_hlo
+from jaxmem._src.verify.hlo_cost import _Instr, parse_hlo
 
 #: Instructions that launch nothing and own no buffer of their own.
 _NO_BUFFER = frozenset({"parameter", "constant", "get-tuple-element", "bitcast", "tuple",
                         "after-all", "partition-id", "replica-id"})
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _INDEX = re.compile(r"\bindex=(\d+)")
+_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,49 +81,10 @@ def largest_working_set(hlo_text: str) -> WorkingSet | None:
 
   With a compiled step, pass ``compiled.as_text()``.
   """
-  comps, entry = parse_hlo(hlo_text)
-  if entry is None:
-    raise ValueError("`largest_working_set` needs a module's HLO text with an ENTRY "
-                     "computation (`compiled.as_text()`).")
-  instrs = comps[entry]
-  by_name = {i.name: i for i in instrs}
-
-  def sources(name: str) -> list[tuple[str, int]]:
-    """The buffers ``name`` views: ``(instruction, element)`` pairs; none for arguments."""
-    ins = by_name.get(name)
-    if ins is None or ins.opcode in ("parameter", "constant"):
-      return []
-    if ins.opcode == "bitcast" and ins.operands:
-      return sources(ins.operands[0])
-    if ins.opcode == "get-tuple-element" and ins.operands:
-      index = _INDEX.search(ins.attrs)
-      k = int(index.group(1)) if index else 0
-      inner = by_name.get(ins.operands[0])
-      if inner is None or inner.opcode in ("parameter", "constant"):
-        return []                      # an element of an argument
-      if inner.opcode == "tuple":
-        return sources(inner.operands[k]) if k < len(inner.operands) else []
-      if inner.opcode in ("get-tuple-element", "bitcast"):
-        return sources(inner.name)     # a nested tuple: its whole buffer
-      return [(inner.name, k)]         # an element of a multi-output instruction
-    if ins.opcode == "tuple":
-      return [s for op in ins.operands for s in sources(op)]
-    return [(name, -1)]
-
-  def nbytes(src: tuple[str, int]) -> int:
-    ins = by_name[src[0]]
-    if src[1] < 0:
-      return ins.nbytes
-    return ins.arrays[src[1]].nbytes if src[1] < len(ins.arrays) else 0
-
-  root = next((i for i in instrs if i.root), None)
-  outputs = set(sources(root.name)) if root is not None else set()
-
-  def temporary(src: tuple[str, int]) -> bool:
-    return src not in outputs and (src[0], -1) not in outputs
-
+  buffers = _EntryBuffers.of(hlo_text, "largest_working_set")
+  sources, temporary, nbytes = buffers.sources, buffers.temporary, buffers.nbytes
   best: WorkingSet | None = None
-  for ins in instrs:
+  for ins in buffers.instrs:
     if ins.opcode in _NO_BUFFER:
       continue
     read = {s for op in ins.operands for s in sources(op) if temporary(s)}
@@ -152,6 +114,161 @@ def working_set_floor(hlo_text: str, fixed_bytes: int, peak_bytes: int,
   if bound > (1.0 + slack) * peak_bytes or bound < share * peak_bytes:
     return None
   return found
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBuffer:
+  """A temporary live at the compiled peak (:func:`live_at_peak`).
+
+  Attributes:
+    instruction: the HLO instruction that writes it (``wrapped_broadcast.5``).
+    op_name: the jaxpr path XLA kept as metadata
+      (``jvp(PointNet)/LayerNorm_2/mul``); for a custom call without one
+      (jaxmem's own ops), its target (``jaxmem_fetch``); empty otherwise.
+    shape: its array type, ``f32[8,512,512]``.
+    nbytes: its bytes.
+  """
+  instruction: str
+  op_name: str
+  shape: str
+  nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledPeak:
+  """The most temporaries a compiled program holds at once, read from its schedule.
+
+  Attributes:
+    live_bytes: the temporaries live at that point of the schedule.
+    instruction: the instruction that runs there.
+    buffers: the temporaries live there, largest first.
+  """
+  live_bytes: int
+  instruction: str
+  buffers: tuple[LiveBuffer, ...]
+
+
+def live_at_peak(hlo_text: str) -> CompiledPeak | None:
+  """The temporaries a compiled program holds at the point of its schedule where they are most.
+
+  A compiled module's entry computation is printed in its schedule's order
+  (``is_scheduled=true``). Each temporary is live from the instruction that
+  writes it to the last one that reads it (through its views); arguments,
+  constants, outputs and host buffers are left out. This is what XLA's heap
+  simulator sees, before it places the buffers: the heap's top
+  (``memory_analysis().temp_size_in_bytes``) can be higher where the layout
+  leaves holes, and lower where XLA writes a result over an operand that
+  dies there. The temporaries of a loop's or a branch's body are not in the
+  entry computation and are not counted. ``None`` when nothing is live.
+
+  Example:
+    >>> text = '''
+    ... ENTRY %main (p: f32[1024]) -> f32[] {
+    ...   %p = f32[1024]{0} parameter(0)
+    ...   %a = f32[1024]{0} exponential(%p)
+    ...   %b = f32[1024]{0} negate(%p)
+    ...   %c = f32[1024]{0} add(%a, %b)
+    ...   %zero = f32[] constant(0)
+    ...   ROOT %r = f32[] reduce(%c, %zero), dimensions={0}, to_apply=%sum
+    ... }'''
+    >>> peak = live_at_peak(text)
+    >>> peak.live_bytes, peak.instruction, [b.instruction for b in peak.buffers]
+    (12288, 'c', ['a', 'b', 'c'])
+
+  With a compiled step, pass ``compiled.as_text()``.
+  """
+  buffers = _EntryBuffers.of(hlo_text, "live_at_peak")
+  start: dict[tuple[str, int], int] = {}
+  for k, ins in enumerate(buffers.instrs):
+    if ins.opcode in _NO_BUFFER:
+      continue
+    elements = range(len(ins.arrays)) if len(ins.arrays) > 1 else (-1,)
+    for j in elements:
+      if not ins.arrays[max(j, 0)].host:
+        start[(ins.name, j)] = k
+  end = dict(start)
+  for k, ins in enumerate(buffers.instrs):
+    for op in ins.operands:
+      for src in buffers.sources(op):
+        if src not in start and (src[0], -1) in start:
+          src = (src[0], -1)
+        if src in end:
+          end[src] = max(end[src], k)
+  live = [(src, buffers.nbytes(src)) for src in start if buffers.temporary(src)]
+  curve = [0] * (len(buffers.instrs) + 1)
+  for src, nbytes in live:
+    curve[start[src]] += nbytes
+    curve[end[src] + 1] -= nbytes
+  total, best, at = 0, 0, -1
+  for k, delta in enumerate(curve[:-1]):
+    total += delta
+    if total > best:
+      best, at = total, k
+  if at < 0:
+    return None
+  held = []
+  for src, nbytes in live:
+    if start[src] <= at <= end[src]:
+      ins = buffers.by_name[src[0]]
+      array = ins.arrays[max(src[1], 0)]
+      shape = f"{array.dtype}[{','.join(map(str, array.dims))}]"
+      what = _op_name(ins.attrs)
+      target = _CALL_TARGET.search(ins.attrs)
+      if target and what.rsplit("/", 1)[-1] in ("", "ffi_call"):
+        what = target.group(1)           # jaxmem's own ops: `jaxmem_fetch`, not `ffi_call`
+      held.append(LiveBuffer(src[0] if src[1] < 0 else f"{src[0]}#{src[1]}", what, shape, nbytes))
+  held.sort(key=lambda b: (-b.nbytes, b.instruction))
+  return CompiledPeak(best, buffers.instrs[at].name, tuple(held))
+
+
+class _EntryBuffers:
+  """The buffers of a compiled module's entry computation, as its instructions view them."""
+
+  def __init__(self, instrs: list[_Instr]):
+    self.instrs = instrs
+    self.by_name = {i.name: i for i in instrs}
+    root = next((i for i in instrs if i.root), None)
+    self.outputs = set(self.sources(root.name)) if root is not None else set()
+
+  @classmethod
+  def of(cls, hlo_text: str, api: str) -> "_EntryBuffers":
+    comps, entry = parse_hlo(hlo_text)
+    if entry is None:
+      raise ValueError(f"`{api}` needs a module's HLO text with an ENTRY computation "
+                       "(`compiled.as_text()`).")
+    return cls(comps[entry])
+
+  def sources(self, name: str) -> list[tuple[str, int]]:
+    """The buffers ``name`` views: ``(instruction, element)`` pairs; none for arguments."""
+    ins = self.by_name.get(name)
+    if ins is None or ins.opcode in ("parameter", "constant"):
+      return []
+    if ins.opcode == "bitcast" and ins.operands:
+      return self.sources(ins.operands[0])
+    if ins.opcode == "get-tuple-element" and ins.operands:
+      index = _INDEX.search(ins.attrs)
+      k = int(index.group(1)) if index else 0
+      inner = self.by_name.get(ins.operands[0])
+      if inner is None or inner.opcode in ("parameter", "constant"):
+        return []                      # an element of an argument
+      if inner.opcode == "tuple":
+        return self.sources(inner.operands[k]) if k < len(inner.operands) else []
+      if inner.opcode in ("get-tuple-element", "bitcast"):
+        return self.sources(inner.name)     # a nested tuple: its whole buffer
+      return [(inner.name, k)]         # an element of a multi-output instruction
+    if ins.opcode == "tuple":
+      return [s for op in ins.operands for s in self.sources(op)]
+    return [(name, -1)]
+
+  def nbytes(self, src: tuple[str, int]) -> int:
+    ins = self.by_name[src[0]]
+    if src[1] < 0:
+      return ins.nbytes
+    return ins.arrays[src[1]].nbytes if src[1] < len(ins.arrays) else 0
+
+  def temporary(self, src: tuple[str, int]) -> bool:
+    """Neither an argument nor (part of) the step's output."""
+    return src not in self.outputs and (src[0], -1) not in self.outputs
 
 
 def _op_name(attrs: str) -> str:
