@@ -282,3 +282,51 @@ def test_a_schedule_built_again_is_the_one_built_before():
   assert build_schedule(prog, (), copies="async").profile() is plain.profile()
   with pytest.raises(ValueError, match="window"):
     build_schedule(prog, offload, copies="async", window=[1])
+
+
+def test_broadcasts_of_arguments_are_made_where_the_program_makes_them():
+  """A plan fences the small operand of a large broadcast of the arguments.
+
+  XLA:CPU's breadth-first order otherwise starts `h[senders] * a`'s
+  `[edges, heads, features]` broadcast of the parameter `a` with the
+  program, and it lives from there to its reader. The fence only orders:
+  results agree with `jax.jit` to float32 rounding (XLA reduces the edge
+  scores in another fusion).
+  """
+  import numpy as np
+  from jaxmem._src.lower.backend import jit_plan
+  from jaxmem._src.plan import schedule as schedule_mod
+  step, args = models.graph_attention()
+  prog = jaxmem.analyze(step, *args)
+  fenced = schedule_mod._argument_broadcasts(prog)
+  # Per layer, `h[senders] * a` and `h[receivers] * b` in the forward pass,
+  # the parameter at position 1; and their twins in the backward pass.
+  assert len(fenced) == 8 and set(fenced.values()) == {(1,)}
+  assert all(prog.vars[prog.ops[i].input_ids()[-1]].shape == (1, 4, 32) for i in fenced)
+  plan = jaxmem.get_planner("greedy")(prog, int(0.4 * prog.peak_bytes))
+  steps = plan.schedule().steps
+  assert sum(1 for st in steps if st.fenced_operands) == 8
+  assert all(st.literal_dep is not None for st in steps if st.fenced_operands)
+  jitted = jit_plan(plan, backend="ffi")
+  with_fences = jitted.lower(*args).compile().memory_analysis().temp_size_in_bytes
+  want = jax.tree.leaves(jax.jit(step)(*args))
+  for got, ref in zip(jax.tree.leaves(jitted(*args)), want):
+    scale = float(np.max(np.abs(ref)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-4 * scale, rtol=0)
+  if jax.default_backend() != "cpu":
+    return
+  # The same plan's schedule without the fences: the broadcasts start with the
+  # program (measured: 57.1 MiB of temporaries against 33.8 MiB).
+  original = schedule_mod._argument_broadcasts
+  try:
+    schedule_mod._argument_broadcasts = lambda program: {}
+    schedule_mod._ORIGINAL_STEPS.clear()
+    prog.__dict__.pop("_recent_schedules", None)
+    bare = dataclasses.replace(plan)
+    assert not any(st.fenced_operands for st in bare.schedule().steps)
+    without = jit_plan(bare, backend="ffi").lower(*args).compile().memory_analysis()
+  finally:
+    schedule_mod._argument_broadcasts = original
+    schedule_mod._ORIGINAL_STEPS.clear()
+    prog.__dict__.pop("_recent_schedules", None)
+  assert with_fences < 0.8 * without.temp_size_in_bytes

@@ -84,10 +84,14 @@ def schedule_function(schedule: Schedule) -> Callable[..., list[jax.Array]]:
       ins = [read(x) for x in step.inputs]
       kind = step.kind
       if step.literal_dep is not None:
+        # Literals only: `Step.fenced_operands` (broadcasts of arguments) are
+        # for XLA:CPU's breadth-first order through the `ffi` backend; on the
+        # CPU this backend's barriers around a transformer's LayerNorm scales
+        # changed its gradients' rounding.
         dep = env[step.literal_dep]
-        ins = [_barrier(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal)
-               else _barrier(v, dep) if k in step.fenced_operands else v
-               for k, (x, v) in enumerate(zip(step.inputs, ins))]
+        ins = [_barrier(np.asarray(x.val, x.aval.dtype), dep)
+               if isinstance(x, _compat.Literal) else v
+               for x, v in zip(step.inputs, ins)]
       if kind is StepKind.COMPUTE:
         outs = _compat.bind_eqn(program.ops[step.op].eqn, ins, program.ops[step.op].name_stack)
       elif kind is StepKind.FENCE:

@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import functools
 import heapq
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -450,8 +451,12 @@ def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
     for x in stored:
       last.append(x if x is not None else last[-1])
     # XLA:CPU's breadth-first order is what makes them early; elsewhere a
-    # fence only splits the fusions around it (see `fence_literals`).
-    broadcasts = _argument_broadcasts(program) if program.backend == "cpu" else {}
+    # fence only splits the fusions around it (see `fence_literals`). On one
+    # device only: under a mesh the fenced operands of a tensor-parallel
+    # transformer's plan changed its gradients by 7.6e-5 of a kernel's
+    # largest element (tests/api/test_sharded_fit.py), beyond float noise.
+    broadcasts = (_argument_broadcasts(program)
+                  if program.backend == "cpu" and program.num_devices == 1 else {})
     found = _OriginalSteps(
         tuple(Step(StepKind.COMPUTE, float(op.index), tuple(op.inputs), op.outputs, op=op.index)
               for op in program.ops),
@@ -463,6 +468,9 @@ def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
         broadcasts)
     _ORIGINAL_STEPS[program] = found
   return found
+
+
+_CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]:
@@ -496,13 +504,25 @@ def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]
         for o in op.outputs:
           made[o] = True
       elif (op.primitive == "broadcast_in_dim"
-            and 8 * max(program.vars[x].nbytes for x in ins) <= nbytes):
+            and 8 * max(program.vars[x].nbytes for x in ins) <= nbytes
+            and all(math.prod(program.vars[x].shape) > 1 for x in ins)):
         out[op.index] = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int))
       continue
     if nbytes < DECORRELATE_MIN_BYTES or not primitives.facts(op.primitive).elementwise:
       continue
+    if any(program.vars[x].defined_by >= 0
+           and program.ops[program.vars[x].defined_by].primitive in _CONTRACTIONS for x in ins):
+      # A bias add on a matmul's or a convolution's result is left alone:
+      # XLA:CPU fuses it into the contraction's fusion and stores no
+      # broadcast of the bias, so a fence on every layer would only add
+      # custom calls around those fusions.
+      continue
+    # Not scalars: XLA fuses their broadcasts into every reader and makes no
+    # buffer of them, and a fenced one (an optimizer's bias correction)
+    # changed the rounding of adam's update.
     small = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int) and made[x]
-                  and not program.constant_like[x] and 8 * program.vars[x].nbytes <= nbytes)
+                  and not program.constant_like[x] and 8 * program.vars[x].nbytes <= nbytes
+                  and math.prod(program.vars[x].shape) > 1)
     if small:
       out[op.index] = small
   return out
