@@ -493,6 +493,12 @@ def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]
   made = [False] * len(program.vars)
   for v in program.vars:
     made[v.id] = v.is_input or bool(program.constant_like[v.id])
+  # Only the broadcasts the estimate finds stored: those XLA:CPU's reduction
+  # fusions read (`xla_model.shared_broadcasts`). A BatchNorm's scale, read
+  # by loop fusions only, is broadcast inline in each; fencing it stored
+  # nothing and rounded a DenseNet's gradients differently.
+  stored = {x for x, _, _, _ in program.profile.stored_broadcasts}
+  virtual = program.profile.virtual
   out: dict[int, tuple[int, ...]] = {}
   for op in program.ops:
     ins = op.input_ids()
@@ -505,7 +511,8 @@ def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]
           made[o] = True
       elif (op.primitive == "broadcast_in_dim"
             and 8 * max(program.vars[x].nbytes for x in ins) <= nbytes
-            and all(math.prod(program.vars[x].shape) > 1 for x in ins)):
+            and all(math.prod(program.vars[x].shape) > 1 for x in ins)
+            and not (virtual is not None and all(virtual[o] for o in op.outputs))):
         out[op.index] = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int))
       continue
     if nbytes < DECORRELATE_MIN_BYTES or not primitives.facts(op.primitive).elementwise:
@@ -521,7 +528,8 @@ def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]
     # buffer of them, and a fenced one (an optimizer's bias correction)
     # changed the rounding of adam's update.
     small = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int) and made[x]
-                  and not program.constant_like[x] and 8 * program.vars[x].nbytes <= nbytes
+                  and x in stored and not program.constant_like[x]
+                  and 8 * program.vars[x].nbytes <= nbytes
                   and math.prod(program.vars[x].shape) > 1)
     if small:
       out[op.index] = small
