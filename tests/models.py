@@ -67,39 +67,6 @@ def scanned_tanh_mlp(layers: int = 12, width: int = 128, batch: int = 1024
   return step, (jnp.full((layers, width, width), 0.01), jnp.ones((batch, width)))
 
 
-def graph_attention(nodes: int = 2048, edges: int = 16384, heads: int = 4, features: int = 32,
-                    layers: int = 2) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-  """An SGD step of a graph attention network: edge scores ``h[senders] * a`` summed per head.
-
-  ``a`` (``[heads, features]``, a parameter) is broadcast over the edges by
-  jax's size-1 broadcasting: a ``[edges, heads, features]`` broadcast XLA
-  makes from the arguments alone, and so at the program start on XLA:CPU.
-  """
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(nodes, heads * features)), jnp.float32)
-  senders = jnp.asarray(rng.integers(0, nodes, edges), jnp.int32)
-  receivers = jnp.asarray(rng.integers(0, nodes, edges), jnp.int32)
-  params = [{"w": jnp.asarray(rng.normal(size=(heads * features,) * 2) * 0.1, jnp.float32),
-             "a": jnp.asarray(rng.normal(size=(heads, features)) * 0.1, jnp.float32),
-             "b": jnp.asarray(rng.normal(size=(heads, features)) * 0.1, jnp.float32)}
-            for _ in range(layers)]
-
-  def step(params, x, senders, receivers):
-    def loss(ps):
-      z = x
-      for p in ps:
-        h = (z @ p["w"]).reshape(nodes, heads, features)
-        e = jnp.sum(h[senders] * p["a"], -1) + jnp.sum(h[receivers] * p["b"], -1)
-        w = jnp.exp(e - jax.ops.segment_max(e, receivers, nodes)[receivers])
-        w = w / (jax.ops.segment_sum(w, receivers, nodes)[receivers] + 1e-9)
-        z = jnp.tanh(jax.ops.segment_sum(w[..., None] * h[senders], receivers, nodes)
-                     .reshape(nodes, -1))
-      return jnp.sum(z ** 2)
-    grads = jax.grad(loss)(params)
-    return jax.tree.map(lambda a, g: a - 0.1 * g, params, grads)
-  return step, (params, x, senders, receivers)
-
-
 def hypernetwork(batch: int = 16, points: int = 256, features: int = 16, width: int = 128
                  ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
   """An SGD step of a hypernetwork: per-example weights of a tanh layer generated from a context.

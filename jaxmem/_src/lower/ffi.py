@@ -81,9 +81,8 @@ def schedule_function(schedule: Schedule, substitute: bool = True,
       ins = [read(x) for x in step.inputs]
       if step.literal_dep is not None:
         dep = env[step.literal_dep]
-        ins = [fence(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal)
-               else fence(v, dep) if k in step.fenced_operands else v
-               for k, (x, v) in enumerate(zip(step.inputs, ins))]
+        ins = [fence(np.asarray(x.val, x.aval.dtype), dep) if isinstance(x, _compat.Literal) else v
+               for x, v in zip(step.inputs, ins)]
       kind = step.kind
       if kind is StepKind.COMPUTE:
         op = program.ops[step.op]

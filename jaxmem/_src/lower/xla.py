@@ -84,10 +84,6 @@ def schedule_function(schedule: Schedule) -> Callable[..., list[jax.Array]]:
       ins = [read(x) for x in step.inputs]
       kind = step.kind
       if step.literal_dep is not None:
-        # Literals only: `Step.fenced_operands` (broadcasts of arguments) are
-        # for XLA:CPU's breadth-first order through the `ffi` backend; on the
-        # CPU this backend's barriers around a transformer's LayerNorm scales
-        # changed its gradients' rounding.
         dep = env[step.literal_dep]
         ins = [_barrier(np.asarray(x.val, x.aval.dtype), dep)
                if isinstance(x, _compat.Literal) else v

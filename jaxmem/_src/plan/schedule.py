@@ -23,11 +23,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import functools
 import heapq
-import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -91,12 +89,9 @@ class Step:
     var: the original variable moved, fenced or restored.
     recompute: a remat re-execution of ``op``.
     literal_dep: for a compute step of a large op computed from literals only
-      (a zeros broadcast, an iota) or a large broadcast of the arguments
-      (:func:`_argument_broadcasts`), a value its operands are fenced after.
-      XLA would otherwise hoist it to the program start, or CSE it with an
-      identical op far earlier, and keep the buffer alive until this use.
-    fenced_operands: with ``literal_dep``, the positions of the operands
-      other than literals fenced after it (an argument's small operand).
+      (a zeros broadcast, an iota), a value its literal operands are fenced
+      after. XLA would otherwise hoist it to the program start, or CSE it with
+      an identical op far earlier, and keep the buffer alive until this use.
   """
   kind: StepKind
   anchor: float
@@ -106,7 +101,6 @@ class Step:
   var: int | None = None
   recompute: bool = False
   literal_dep: int | None = None
-  fenced_operands: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,20 +410,13 @@ class _OriginalSteps:
   ``stored[i]``: its first output XLA stores, or ``None``;
   ``last_stored[i]``: the last of ``stored[:i]`` that is not ``None`` (the
   last value computed before op ``i``); ``literals``: the ops that make a
-  large constant-like value from nothing, or a large broadcast from the
-  step's arguments alone (:func:`_argument_broadcasts`), fenced behind the
-  last value.
+  large constant-like value from nothing (fenced behind the last value).
   """
   steps: tuple[Step, ...]
   reads: tuple[frozenset[int], ...]
   stored: tuple[int | None, ...]
   last_stored: tuple[int | None, ...] = ()
   literals: tuple[int, ...] = ()
-  fenced_operands: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-
-  @functools.cached_property
-  def literal_set(self) -> frozenset[int]:
-    return frozenset(self.literals)
 
 
 # Planners build schedules of one program dozens of times (``segments`` tries
@@ -450,90 +437,15 @@ def _original_steps(program: AnalyzedProgram) -> _OriginalSteps:
     last: list[int | None] = [None]
     for x in stored:
       last.append(x if x is not None else last[-1])
-    # XLA:CPU's breadth-first order is what makes them early; elsewhere a
-    # fence only splits the fusions around it (see `fence_literals`). On one
-    # device only: under a mesh the fenced operands of a tensor-parallel
-    # transformer's plan changed its gradients by 7.6e-5 of a kernel's
-    # largest element (tests/api/test_sharded_fit.py), beyond float noise.
-    broadcasts = (_argument_broadcasts(program)
-                  if program.backend == "cpu" and program.num_devices == 1 else {})
     found = _OriginalSteps(
         tuple(Step(StepKind.COMPUTE, float(op.index), tuple(op.inputs), op.outputs, op=op.index)
               for op in program.ops),
         reads, stored, tuple(last),
-        tuple(sorted({op.index for op in program.ops
-                      if op.outputs and constant_like[op.outputs[0]] and not reads[op.index]
-                      and sum(program.vars[o].nbytes for o in op.outputs)
-                      >= DECORRELATE_MIN_BYTES} | set(broadcasts))),
-        broadcasts)
+        tuple(op.index for op in program.ops
+              if op.outputs and constant_like[op.outputs[0]] and not reads[op.index]
+              and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES))
     _ORIGINAL_STEPS[program] = found
   return found
-
-
-_CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
-
-
-def _argument_broadcasts(program: AnalyzedProgram) -> dict[int, tuple[int, ...]]:
-  """Large broadcasts of values computed from the step's arguments alone.
-
-  ``{op: positions of its operands to fence}``: a ``broadcast_in_dim`` of
-  such a value, or an elementwise op that broadcasts one over a large
-  result (``h[senders] * a`` with ``a`` of ``[heads, features]``: jax's
-  size-1 broadcasting, which XLA makes a broadcast of its own). Their
-  operands exist when the step starts, so XLA:CPU's breadth-first
-  scheduler makes the broadcast among its first instructions and keeps it
-  until its reader, however late. Read from the compiled schedule of a GAT
-  step's plans: four ``[E, H, F]`` broadcasts of the attention vectors, 16
-  MiB each, made at the start and live through the first layer's forward
-  pass. Fencing their small operands behind the last value before them
-  (``Step.literal_dep``) makes them where the program makes them.
-  Argument-made: an argument, a constant, or a value smaller than
-  ``DECORRELATE_MIN_BYTES`` computed from argument-made values only.
-  """
-  made = [False] * len(program.vars)
-  for v in program.vars:
-    made[v.id] = v.is_input or bool(program.constant_like[v.id])
-  # Only the broadcasts the estimate finds stored: those XLA:CPU's reduction
-  # fusions read (`xla_model.shared_broadcasts`). A BatchNorm's scale, read
-  # by loop fusions only, is broadcast inline in each; fencing it stored
-  # nothing and rounded a DenseNet's gradients differently.
-  stored = {x for x, _, _, _ in program.profile.stored_broadcasts}
-  virtual = program.profile.virtual
-  out: dict[int, tuple[int, ...]] = {}
-  for op in program.ops:
-    ins = op.input_ids()
-    if not ins or op.has_body:
-      continue
-    nbytes = sum(program.vars[o].nbytes for o in op.outputs)
-    if all(made[x] for x in ins):
-      if nbytes < DECORRELATE_MIN_BYTES:
-        for o in op.outputs:
-          made[o] = True
-      elif (op.primitive == "broadcast_in_dim"
-            and 8 * max(program.vars[x].nbytes for x in ins) <= nbytes
-            and all(math.prod(program.vars[x].shape) > 1 for x in ins)
-            and not (virtual is not None and all(virtual[o] for o in op.outputs))):
-        out[op.index] = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int))
-      continue
-    if nbytes < DECORRELATE_MIN_BYTES or not primitives.facts(op.primitive).elementwise:
-      continue
-    if any(program.vars[x].defined_by >= 0
-           and program.ops[program.vars[x].defined_by].primitive in _CONTRACTIONS for x in ins):
-      # A bias add on a matmul's or a convolution's result is left alone:
-      # XLA:CPU fuses it into the contraction's fusion and stores no
-      # broadcast of the bias, so a fence on every layer would only add
-      # custom calls around those fusions.
-      continue
-    # Not scalars: XLA fuses their broadcasts into every reader and makes no
-    # buffer of them, and a fenced one (an optimizer's bias correction)
-    # changed the rounding of adam's update.
-    small = tuple(k for k, x in enumerate(op.inputs) if isinstance(x, int) and made[x]
-                  and x in stored and not program.constant_like[x]
-                  and 8 * program.vars[x].nbytes <= nbytes
-                  and math.prod(program.vars[x].shape) > 1)
-    if small:
-      out[op.index] = small
-  return out
 
 
 _VAR_BYTES: weakref.WeakKeyDictionary[AnalyzedProgram, tuple[int, ...]] = (
@@ -785,16 +697,17 @@ def _build_sync(program: AnalyzedProgram, decisions: tuple[Decision, ...],
           cur[d.var] = local[d.var]
           rename(d.var, i)
     literal_dep = None
-    if fence_literals and last_value is not None and i in original.literal_set:
+    if (fence_literals and op.outputs and program.constant_like[op.outputs[0]]
+        and last_value is not None
+        and not original.reads[i]
+        and sum(program.vars[o].nbytes for o in op.outputs) >= DECORRELATE_MIN_BYTES):
       literal_dep = cur[last_value]
     if literal_dep is None and renamed.isdisjoint(original.reads[i]):
       steps.append(original.steps[i])
     else:
       ins = tuple(cur[x] if isinstance(x, int) else x for x in op.inputs)
       steps.append(Step(StepKind.COMPUTE, float(i), ins, op.outputs, op=i,
-                        literal_dep=literal_dep,
-                        fenced_operands=original.fenced_operands.get(i, ())
-                        if literal_dep is not None else ()))
+                        literal_dep=literal_dep))
     for o in op.outputs:
       if o in pinned_set:
         new = fresh(o)
