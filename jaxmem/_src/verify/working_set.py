@@ -154,11 +154,13 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
   A compiled module's entry computation is printed in its schedule's order
   (``is_scheduled=true``). Each temporary is live from the instruction that
   writes it to the last one that reads it (through its views); arguments,
-  constants, outputs and host buffers are left out. This is what XLA's heap
-  simulator sees, before it places the buffers: the heap's top
-  (``memory_analysis().temp_size_in_bytes``) can be higher where the layout
-  leaves holes, and lower where XLA writes a result over an operand that
-  dies there. The temporaries of a loop's or a branch's body are not in the
+  constants, outputs and host buffers are left out. A result XLA may write
+  over an operand of its size that dies there (a loop fusion's, an
+  elementwise op's, a loop's carry, an update in place) takes that buffer.
+  This is about what XLA's heap simulator sees before it places the
+  buffers: the heap's top (``memory_analysis().temp_size_in_bytes``) can be
+  higher where the layout leaves holes, and either way where XLA shares
+  buffers otherwise than this reading assumes. The temporaries of a loop's or a branch's body are not in the
   entry computation and are not counted. ``None`` when nothing is live.
 
   Example:
@@ -173,7 +175,9 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
     ... }'''
     >>> peak = live_at_peak(text)
     >>> peak.live_bytes, peak.instruction, [b.instruction for b in peak.buffers]
-    (12288, 'c', ['a', 'b', 'c'])
+    (8192, 'b', ['a', 'b'])
+
+  (``c`` is written over ``a``, which dies there.)
 
   With a compiled step, pass ``compiled.as_text()``.
   """
@@ -194,6 +198,26 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
           src = (src[0], -1)
         if src in end:
           end[src] = max(end[src], k)
+  # A result XLA writes over an operand that dies there (a loop fusion's, an
+  # elementwise op's, a loop's carry, an update in place) takes its buffer:
+  # the operand's range ends before the instruction.
+  for k, ins in enumerate(buffers.instrs):
+    if not _shares_operand_buffer(ins):
+      continue
+    taken: set[tuple[str, int]] = set()
+    elements = range(len(ins.arrays)) if len(ins.arrays) > 1 else (-1,)
+    operands = [src for op in ins.operands for src in buffers.sources(op)]
+    for j in elements:
+      out = (ins.name, j)
+      if out not in start:
+        continue
+      size = buffers.nbytes(out)
+      for src in operands:
+        if (src in end and src not in taken and end[src] == k and start[src] < k
+            and buffers.temporary(src) and buffers.nbytes(src) == size):
+          end[src] = k - 1
+          taken.add(src)
+          break
   live = [(src, buffers.nbytes(src)) for src in start if buffers.temporary(src)]
   curve = [0] * (len(buffers.instrs) + 1)
   for src, nbytes in live:
@@ -269,6 +293,19 @@ class _EntryBuffers:
   def temporary(self, src: tuple[str, int]) -> bool:
     """Neither an argument nor (part of) the step's output."""
     return src not in self.outputs and (src[0], -1) not in self.outputs
+
+
+#: Instructions whose result may be written over a dying operand of its size.
+_IN_PLACE = frozenset({"while", "dynamic-update-slice", "scatter", "add", "subtract",
+                       "multiply", "divide", "maximum", "minimum", "negate", "exponential",
+                       "tanh", "log", "sqrt", "rsqrt", "select", "convert", "abs"})
+
+
+def _shares_operand_buffer(ins: _Instr) -> bool:
+  """Whether XLA may give ``ins``'s result the buffer of an operand that dies there."""
+  if ins.opcode == "fusion":
+    return "kind=kLoop" in ins.attrs
+  return ins.opcode in _IN_PLACE
 
 
 def _op_name(attrs: str) -> str:
