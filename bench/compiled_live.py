@@ -35,12 +35,10 @@ from jaxmem._src.verify.working_set import live_at_peak  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, UNTRIED, all_entries  # noqa: E402
+from corpus import SETS, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
-SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN),
-        ("novel", NOVEL), ("untried", UNTRIED))
 #: What `fit` accepts (`jaxmem/_src/api/fit.py`, `compiled_holders`).
 WITHIN = 0.10
 

@@ -32,12 +32,10 @@ import jaxmem  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import commit, write_excerpt  # noqa: E402
-from corpus import FAMILIES, FRESH, HELDOUT, NOVEL, UNSEEN, UNTRIED, all_entries  # noqa: E402
+from corpus import SETS, all_entries  # noqa: E402
 
 RESULTS = HERE / "results"
 MiB = 2 ** 20
-SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN),
-        ("novel", NOVEL), ("untried", UNTRIED))
 #: The issue's bar: within this fraction of the compiled peak.
 WITHIN = 0.10
 #: An estimate this far under the compiled peak misleads the budget arithmetic.

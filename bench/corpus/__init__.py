@@ -44,6 +44,9 @@ NOVEL = ("novel",)
 UNTRIED = ("untried",)
 #: Every set's modules, the main corpus first.
 EVERY = FAMILIES + HELDOUT + FRESH + UNSEEN + NOVEL + UNTRIED
+#: Every set by the name the benches' tables give it, in order.
+SETS = (("main", FAMILIES), ("heldout", HELDOUT), ("fresh", FRESH), ("unseen", UNSEEN),
+        ("novel", NOVEL), ("untried", UNTRIED))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -160,8 +160,9 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
   This is about what XLA's heap simulator sees before it places the
   buffers: the heap's top (``memory_analysis().temp_size_in_bytes``) can be
   higher where the layout leaves holes, and either way where XLA shares
-  buffers otherwise than this reading assumes. The temporaries of a loop's or a branch's body are not in the
-  entry computation and are not counted. ``None`` when nothing is live.
+  buffers otherwise than this reading assumes. The temporaries of a loop's
+  or a branch's body are not in the entry computation and are not counted.
+  ``None`` when nothing is live.
 
   Example:
     >>> text = '''
@@ -186,10 +187,9 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
   for k, ins in enumerate(buffers.instrs):
     if ins.opcode in _NO_BUFFER:
       continue
-    elements = range(len(ins.arrays)) if len(ins.arrays) > 1 else (-1,)
-    for j in elements:
-      if not ins.arrays[max(j, 0)].host:
-        start[(ins.name, j)] = k
+    for out in buffers.results(ins):
+      if not ins.arrays[max(out[1], 0)].host:
+        start[out] = k
   end = dict(start)
   for k, ins in enumerate(buffers.instrs):
     for op in ins.operands:
@@ -205,10 +205,8 @@ def live_at_peak(hlo_text: str) -> CompiledPeak | None:
     if not _shares_operand_buffer(ins):
       continue
     taken: set[tuple[str, int]] = set()
-    elements = range(len(ins.arrays)) if len(ins.arrays) > 1 else (-1,)
     operands = [src for op in ins.operands for src in buffers.sources(op)]
-    for j in elements:
-      out = (ins.name, j)
+    for out in buffers.results(ins):
       if out not in start:
         continue
       size = buffers.nbytes(out)
@@ -283,6 +281,13 @@ class _EntryBuffers:
     if ins.opcode == "tuple":
       return [s for op in ins.operands for s in self.sources(op)]
     return [(name, -1)]
+
+  @staticmethod
+  def results(ins: _Instr) -> list[tuple[str, int]]:
+    """The buffers ``ins`` writes: one per element of a tuple result, else the whole one."""
+    if len(ins.arrays) > 1:
+      return [(ins.name, j) for j in range(len(ins.arrays))]
+    return [(ins.name, -1)]
 
   def nbytes(self, src: tuple[str, int]) -> int:
     ins = self.by_name[src[0]]
