@@ -471,16 +471,27 @@ class Fitted:
       made = searching[-1] if searching else []
       if target.platform != "cpu" or not made:
         return False
-      ratio = min(a.memory.peak_bytes / max(1, a.plan.estimated_peak_bytes) for a in made)
-      best = min(a.memory.peak_bytes for a in made)
       plan = plan_for(budget, planner)
-      estimate = plan.estimated_peak_bytes
-      if estimate * ratio * (1.0 - OUT_OF_REACH_MARGIN) <= best:
+      if not far_above(plan, made, "this search's", OUT_OF_REACH_MARGIN):
         return False
       judged_out.add((id(plan.program), _plan_key(plan)))
-      self._log(f"{getattr(planner, '__name__', 'planner')}: estimate {format_bytes(estimate)}, "
-                f"compiled at {ratio:.2f}x at best, above this search's smallest compiled peak "
-                f"{format_bytes(best)}: not compiled")
+      return True
+
+    def far_above(plan: Plan, made: Sequence[_Attempt], whose: str, margin: float) -> bool:
+      """Whether ``plan``'s estimate, scaled as ``made`` compiled, is far above their lowest peak.
+
+      The estimate times the smallest ratio of compiled peak to estimate
+      among ``made``, less ``margin`` of it, is above the smallest peak
+      ``made`` compiled to (``out_of_reach``, ``worth_probing_under_floor``).
+      """
+      ratio = min(a.memory.peak_bytes / max(1, a.plan.estimated_peak_bytes) for a in made)
+      best = min(a.memory.peak_bytes for a in made)
+      estimate = plan.estimated_peak_bytes
+      if estimate * ratio * (1.0 - margin) <= best:
+        return False
+      self._log(f"{plan.planner}: estimate {format_bytes(estimate)}, compiled at {ratio:.2f}x "
+                f"at best, above {whose} smallest compiled peak {format_bytes(best)}: "
+                f"not compiled")
       return True
 
     def worth_probing_under_floor(planner: Planner | None, budget: int) -> bool:
@@ -508,7 +519,12 @@ class Fitted:
         self._log(f"{getattr(planner, '__name__', 'auto')}: the plan judged out of reach: "
                   f"not compiled")
         return False
-      return True
+      # Nor a plan whose estimate, scaled as every attempt so far compiled,
+      # is far above the lowest of them (the unrolled LSTM-m at 0.3: greedy's
+      # plan estimated at 48.2 MiB compiled to 52.8 MiB after 31.1 MiB, a
+      # compile of 5 s; the floors this changes on the corpus's `BudgetError`s:
+      # `bench/results/fit_times_under_floor.md`).
+      return not far_above(plan, tried, "every attempt's", UNDER_FLOOR_MARGIN)
 
     def search(budget: int, beat: int | None = None, loosen: bool = True) -> _Attempt | None:
       """Plan-compile rounds for ``budget``: the first attempt whose compiled peak fits, or ``None``.
@@ -1027,7 +1043,9 @@ class Fitted:
         # to 48.00 MiB): its plans for a rung below and one above are
         # compiled too, once each.
         for rung in UNDER_FLOOR_RUNGS:
-          if int(under * rung) < program.peak_bytes:
+          if (int(under * rung) < program.peak_bytes
+              and not far_above(plan_for(int(under * rung)), tried, "every attempt's",
+                                UNDER_FLOOR_MARGIN)):
             attempt(int(under * rung), {}, None)
       reached = min(tried, key=lambda t: t.memory.peak_bytes)
       for candidate in (reached,) if reached is reached_before else (reached, reached_before):
@@ -1227,6 +1245,11 @@ BISECTIONS = 2
 # `out_of_reach` in `Fitted._fit`: how far below its scaled estimate a single
 # planner's plan may still compile before its rounds are skipped.
 OUT_OF_REACH_MARGIN = 0.15
+
+# `worth_probing_under_floor` in `Fitted._fit`: the same margin for the plans
+# probed under a failed search's floor, scaled as every attempt so far compiled
+# (1.0 probes them all).
+UNDER_FLOOR_MARGIN = OUT_OF_REACH_MARGIN
 
 # `within_reach` in `Fitted._fit`: how far above the budget `auto`'s most
 # aggressive plan may compile (as a share of its peak) with rounds still made.
