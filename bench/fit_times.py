@@ -100,9 +100,15 @@ def time_fit(name: str, fraction: float, ask: bool = False) -> dict[str, Any]:
 def measure(name: str, fraction: float, package_root: pathlib.Path, ask: bool = False
             ) -> dict[str, Any]:
   """``time_fit`` in a fresh process that imports ``jaxmem`` from ``package_root``."""
+  # This checkout after ``package_root``: a baseline's worktree has no built
+  # extension, and jaxmem loads the one it finds there (`_installed_native`).
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(package_root), os.environ.get("PYTHONPATH", "")]))
-  code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import fit_times; "
+      [str(package_root), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  # An editable install's import finder (scikit-build-core's) comes before the
+  # path: without it, ``jaxmem`` is imported from ``package_root``.
+  code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+          "if not type(f).__name__.startswith('ScikitBuild')]; "
+          f"import json; sys.path.insert(0, {str(HERE)!r}); import fit_times; "
           f"print('RESULT ' + json.dumps(fit_times.time_fit({name!r}, {fraction!r}, {ask!r}))); "
           f"import jaxmem; print('PACKAGE ' + jaxmem.__file__)")
   # Run from the package's folder: `python -c` puts the working directory first on the path.
