@@ -319,6 +319,39 @@ def test_a_search_out_of_reach_stops_at_autos_floor(mlp_small, monkeypatch):
   assert ok.peak_bytes <= info.value.smallest_bytes
 
 
+def test_plans_estimated_far_above_are_not_compiled_under_the_floor(monkeypatch, capsys):
+  # A small unrolled char LSTM at 0.3 of its peak fails; under its floor, a
+  # plan whose estimate, scaled as every attempt so far compiled, is far above
+  # the lowest of them is not compiled (`UNDER_FLOOR_MARGIN`). Probing every
+  # plan (a margin of 1.0) compiles more and reports the same floor.
+  import pathlib
+  import sys
+  from jaxmem._src.api import fit as fit_lib
+  bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
+  if str(bench) not in sys.path:
+    sys.path.insert(0, str(bench))
+  from corpus.sequences import CharLSTM, _rnn
+  step, args = _rnn(CharLSTM(vocab=31, embed=16, hidden=64), batch=8, steps=6, seed=0)()
+  jit_plan = fit_lib.jit_plan
+  floors, compiles = {}, {}
+  for margin in (fit_lib.OUT_OF_REACH_MARGIN, 1.0):
+    compiled = []
+
+    def counting(plan, **kwargs):
+      compiled.append(plan.planner)
+      return jit_plan(plan, **kwargs)
+
+    monkeypatch.setattr(fit_lib, "jit_plan", counting)
+    monkeypatch.setattr(fit_lib, "UNDER_FLOOR_MARGIN", margin)
+    with pytest.raises(jaxmem.BudgetError) as info:
+      jaxmem.fit(0.3, donate_argnums=(0, 1), verbose=True)(step).fit_result(*args)
+    floors[margin], compiles[margin] = info.value.smallest_bytes, len(compiled)
+    skipped = "above every attempt's smallest compiled peak" in capsys.readouterr().err
+    assert skipped == (margin < 1.0)
+  assert compiles[fit_lib.OUT_OF_REACH_MARGIN] < compiles[1.0], compiles
+  assert floors[fit_lib.OUT_OF_REACH_MARGIN] == floors[1.0]
+
+
 def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   # This CNN at 0.6 of its peak: the first plan (one decision) compiles 11% under
   # the budget, so `relax` plans for a target raised by the unused bytes, and
