@@ -333,8 +333,9 @@ def test_plans_estimated_far_above_are_not_compiled_under_the_floor(monkeypatch,
   from corpus.sequences import CharLSTM, _rnn
   step, args = _rnn(CharLSTM(vocab=31, embed=16, hidden=64), batch=8, steps=6, seed=0)()
   jit_plan = fit_lib.jit_plan
+  default = fit_lib.UNDER_FLOOR_MARGIN
   floors, compiles = {}, {}
-  for margin in (fit_lib.OUT_OF_REACH_MARGIN, 1.0):
+  for margin in (default, 1.0):
     compiled = []
 
     def counting(plan, **kwargs):
@@ -348,8 +349,8 @@ def test_plans_estimated_far_above_are_not_compiled_under_the_floor(monkeypatch,
     floors[margin], compiles[margin] = info.value.smallest_bytes, len(compiled)
     skipped = "above every attempt's smallest compiled peak" in capsys.readouterr().err
     assert skipped == (margin < 1.0)
-  assert compiles[fit_lib.OUT_OF_REACH_MARGIN] < compiles[1.0], compiles
-  assert floors[fit_lib.OUT_OF_REACH_MARGIN] == floors[1.0]
+  assert compiles[default] < compiles[1.0], compiles
+  assert floors[default] == floors[1.0]
 
 
 def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
