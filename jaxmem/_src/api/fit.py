@@ -494,6 +494,14 @@ class Fitted:
                 f"not compiled")
       return True
 
+    def far_above_every_attempt(plan: Plan) -> bool:
+      """``far_above`` against every attempt so far, less ``UNDER_FLOOR_MARGIN``.
+
+      A probe under the floor (a planner's plan, or one of `auto`'s rungs)
+      that is not worth its compile.
+      """
+      return far_above(plan, tried, "every attempt's", UNDER_FLOOR_MARGIN)
+
     def worth_probing_under_floor(planner: Planner | None, budget: int) -> bool:
       """Whether ``planner``'s plan for ``budget`` (just under the floor) is worth a compile.
 
@@ -513,7 +521,7 @@ class Fitted:
       compiled to, so no estimate ratio separates it from MobileNetV2's).
       Nor, whatever its planner, a plan whose estimate is far above what
       was compiled at the most favourable ratio any attempt so far showed
-      (``far_above`` with ``UNDER_FLOOR_MARGIN``): the unrolled LSTM-m at
+      (``far_above_every_attempt``): the unrolled LSTM-m at
       0.3, greedy's plan estimated at 48.2 MiB compiled to 52.8 MiB after
       31.1 MiB. On the 71 `BudgetError`s of the corpus, no floor moved and
       69 of 511 compiles were not made
@@ -526,7 +534,7 @@ class Fitted:
         self._log(f"{getattr(planner, '__name__', 'auto')}: the plan judged out of reach: "
                   f"not compiled")
         return False
-      return not far_above(plan, tried, "every attempt's", UNDER_FLOOR_MARGIN)
+      return not far_above_every_attempt(plan)
 
     def search(budget: int, beat: int | None = None, loosen: bool = True) -> _Attempt | None:
       """Plan-compile rounds for ``budget``: the first attempt whose compiled peak fits, or ``None``.
@@ -1044,11 +1052,10 @@ class Fitted:
         # MiB while its plan for 0.5 of the peak, another planner's, compiled
         # to 48.00 MiB): its plans for a rung below and one above are
         # compiled too, once each, unless estimated far above what was
-        # compiled (as in `worth_probing_under_floor`).
+        # compiled (`far_above_every_attempt`).
         for rung in UNDER_FLOOR_RUNGS:
           if (int(under * rung) < program.peak_bytes
-              and not far_above(plan_for(int(under * rung)), tried, "every attempt's",
-                                UNDER_FLOOR_MARGIN)):
+              and not far_above_every_attempt(plan_for(int(under * rung)))):
             attempt(int(under * rung), {}, None)
       reached = min(tried, key=lambda t: t.memory.peak_bytes)
       for candidate in (reached,) if reached is reached_before else (reached, reached_before):
