@@ -27,6 +27,8 @@ from jaxmem._src.planners.autoswap import autoswap
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import MILPDiagnostics, optimal
+from jaxmem._src.planners.prune import MAX_ESTIMATES as MAX_PRUNE_ESTIMATES
+from jaxmem._src.planners.prune import prune
 from jaxmem._src.planners.segments import segments, segments_within
 from jaxmem._src.planners.selective import selective
 from jaxmem._src.planners.vdnn import vdnn
@@ -94,7 +96,8 @@ def unpinned(plan: Plan, budget_bytes: int) -> Plan:
 @common.never_worse_than_none
 def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "sync", window: Window = None, planners: tuple[str, ...] = FAST,
-         milp_time_s: float = 2.0, bo_iterations: int = 2) -> Plan:
+         milp_time_s: float = 2.0, bo_iterations: int = 2,
+         prune_estimates: int = MAX_PRUNE_ESTIMATES) -> Plan:
   """The fastest plan (simulated on ``device``) among the planners that fit ``budget_bytes``.
 
   Planners run in ``planners`` order. An offload-only planner (vDNN, Layrub,
@@ -114,7 +117,10 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   plan found by then. Last, every fitting plan's decisions are estimated and
   simulated without Layrub's pins (:func:`unpinned`; the lowest plan's when
   none fits), and kept so when that is faster or fits where the pinned plan
-  does not: pins are kept only where they pay.
+  does not: pins are kept only where they pay. The fastest fitting plan
+  then loses every decision the budget does not need
+  (:func:`~jaxmem._src.planners.prune.prune`), kept as ``<planner>/pruned``
+  when that simulates faster.
 
   Args:
     program: a :class:`jaxmem.Program`.
@@ -125,6 +131,7 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
     planners: the fast planners to run.
     milp_time_s: time limit of the MILP (0 skips it).
     bo_iterations: AutoSwap's Bayesian-optimisation steps after its four seeds.
+    prune_estimates: most removals the final reverse delete tries (0 skips it).
 
   Returns:
     A :class:`jaxmem.Plan` named ``auto(<winner>)``, with the winner's
@@ -246,6 +253,14 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   for retry in retries:
     if retry.pinned:
       consider(unpinned(retry, budget_bytes))
+  # Last, the winner loses the decisions the budget does not need (reverse
+  # delete, :func:`~jaxmem._src.planners.prune.prune`): segment plans
+  # restore every residual of a segment where a few would do (ResNet-50 at
+  # half its peak on an H100: +17.4% -> +12.4%, 240 -> 119 decisions).
+  if best[0] < float("inf") and prune_estimates > 0:
+    pruned = prune(best[1], budget_bytes, device, max_estimates=prune_estimates)
+    if pruned is not best[1]:
+      consider(pruned)
   chosen = best[1]
   report = AutoDiagnostics(tuple(rows), chosen.planner, tuple(skipped))
   return chosen.replace(planner=f"auto({chosen.planner})",
