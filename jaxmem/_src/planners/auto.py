@@ -27,7 +27,6 @@ from jaxmem._src.planners.autoswap import autoswap
 from jaxmem._src.planners.greedy import greedy
 from jaxmem._src.planners.layrub import layrub
 from jaxmem._src.planners.optimal import MILPDiagnostics, optimal
-from jaxmem._src.planners.prune import MAX_ESTIMATES as MAX_PRUNE_ESTIMATES
 from jaxmem._src.planners.prune import prune
 from jaxmem._src.planners.segments import segments, segments_within
 from jaxmem._src.planners.selective import selective
@@ -97,7 +96,7 @@ def unpinned(plan: Plan, budget_bytes: int) -> Plan:
 def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
          copies: CopyMode = "sync", window: Window = None, planners: tuple[str, ...] = FAST,
          milp_time_s: float = 2.0, bo_iterations: int = 2,
-         prune_estimates: int = MAX_PRUNE_ESTIMATES) -> Plan:
+         prune_estimates: int | None = None) -> Plan:
   """The fastest plan (simulated on ``device``) among the planners that fit ``budget_bytes``.
 
   Planners run in ``planners`` order. An offload-only planner (vDNN, Layrub,
@@ -131,7 +130,8 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
     planners: the fast planners to run.
     milp_time_s: time limit of the MILP (0 skips it).
     bo_iterations: AutoSwap's Bayesian-optimisation steps after its four seeds.
-    prune_estimates: most removals the final reverse delete tries (0 skips it).
+    prune_estimates: most removals the final reverse delete tries (0 skips
+      it; ``None``: :func:`~jaxmem._src.planners.prune.default_estimates`).
 
   Returns:
     A :class:`jaxmem.Plan` named ``auto(<winner>)``, with the winner's
@@ -257,7 +257,7 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   # delete, :func:`~jaxmem._src.planners.prune.prune`): segment plans
   # restore every residual of a segment where a few would do (ResNet-50 at
   # half its peak on an H100: +17.4% -> +12.4%, 240 -> 119 decisions).
-  if best[0] < float("inf") and prune_estimates > 0:
+  if best[0] < float("inf") and prune_estimates != 0:
     pruned = prune(best[1], budget_bytes, device, max_estimates=prune_estimates)
     if pruned is not best[1]:
       consider(pruned)

@@ -21,10 +21,16 @@ value itself is then kept, so the union stops at it. Decisions are tried in
 order of that saving, largest first, and one whose removal saves nothing is
 not tried (it would only keep bytes).
 
-Measured (simulated, ``h100-sxm``; ``auto`` before and after this step):
-the GPT example at 0.5 of its estimated peak +10.8% -> +9.3%, the UNet at
-0.5 +32.1% -> +26.4%, DenseNet-121 at 0.5 +11.5% -> +9.1%, ResNet-50 at 0.5
-+17.4% -> +17.0%.
+Removals are tried in batches (adaptive group testing), after a screen
+that refuses without an estimate a removal whose bytes, added over its gap
+to the plan's live bytes there, would pass the budget; the screened-out ones
+get a last pass while estimates last, until ``MAX_REFUSED_IN_A_ROW`` in a
+row are refused. The number of estimates is bounded by a count scaled by the
+program's size (:func:`default_estimates`), not by a clock.
+
+Measured (simulated, ``h100-sxm``; ``auto`` before and after this step,
+`bench/results/frontier.md`): the GPT example at 0.5 of its estimated peak
++10.2% -> +7.4%, ResNet-50 (224², batch 64) at 0.5 +17.3% -> +12.4%.
 """
 
 from __future__ import annotations
@@ -43,10 +49,20 @@ from jaxmem._src.plan.simulate import simulate
 from jaxmem._src.planners import common
 
 #: Most schedule estimates one prune spends (each is one estimate of the
-#: whole plan: 15 ms on the GPT example, 40-80 ms on ResNet-50 and
-#: DenseNet-121 on 2 CPU cores). A count, not a clock, so plans do not
-#: depend on the machine's load.
+#: whole plan: 15 ms on the GPT example's 2422 ops, 40 ms on ResNet-50's
+#: 4613, 150 ms on DenseNet-121's 11138 on 2 CPU cores)...
 MAX_ESTIMATES = 128
+#: ...and at most this many ops estimated in all (a program of more than
+#: 4,700 ops gets fewer estimates, at least ``MIN_ESTIMATES``). Counts, not a
+#: clock, so plans do not depend on the machine's load.
+MAX_OPS_ESTIMATED = 600_000
+MIN_ESTIMATES = 32
+
+#: The removals the screen let through are tried until this many in a row
+#: are refused: by then the plan has no room left under the budget (ResNet-50
+#: at half its peak: 6 more of 90 taken after the screened passes, none of
+#: them among the first 16 tried).
+MAX_REFUSED_IN_A_ROW = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +99,13 @@ def _live_near(schedule: Schedule) -> np.ndarray:
   pos = np.minimum(np.ceil([st.anchor for st in schedule.steps]).astype(np.int64), n - 1)
   np.maximum.at(out, pos, np.asarray(prof.live_bytes[:len(schedule.steps)], dtype=np.int64))
   return out
+
+
+def _held(program: AnalyzedProgram, d: Decision, pinned: Sequence[int]) -> int:
+  """Bytes the estimate holds over ``d``'s gap once ``d`` is gone: its value's, or for a
+  value XLA fuses away, the stored inputs it keeps alive (:func:`common.freed_bytes`)."""
+  gap = common.Gap(d.var, d.start, d.end, d.nbytes, False)
+  return max(d.nbytes, common.freed_bytes(program, gap, pinned))
 
 
 def _union_without(program: AnalyzedProgram, group: Sequence[Decision],
@@ -141,15 +164,21 @@ def _without(program: AnalyzedProgram, decisions: Sequence[Decision], i: int,
   return out, saved
 
 
+def default_estimates(program: AnalyzedProgram) -> int:
+  """How many removals :func:`prune` tries on ``program`` by default."""
+  return min(MAX_ESTIMATES, max(MIN_ESTIMATES, MAX_OPS_ESTIMATED // max(1, program.num_ops)))
+
+
 def prune(plan: Plan, budget_bytes: int, device: DeviceLike = None, *,
-          max_estimates: int = MAX_ESTIMATES) -> Plan:
+          max_estimates: int | None = None) -> Plan:
   """``plan`` without the decisions ``budget_bytes`` does not need, when that simulates faster.
 
   Args:
     plan: a plan whose estimated peak fits ``budget_bytes``.
     budget_bytes: the estimated peak the pruned plan must stay within.
     device: device profile pricing the ops saved and simulating both plans.
-    max_estimates: most removals tried (one schedule estimate each).
+    max_estimates: most removals tried (one schedule estimate each;
+      ``None``: :func:`default_estimates`).
 
   Returns:
     The pruned plan, named ``<planner>/pruned``, where it fits and simulates
@@ -169,6 +198,8 @@ def prune(plan: Plan, budget_bytes: int, device: DeviceLike = None, *,
     >>> pruned.estimated_peak_bytes <= budget, len(pruned.decisions) <= len(plan.decisions)
     (True, True)
   """
+  if max_estimates is None:
+    max_estimates = default_estimates(plan.program)
   if max_estimates < 0:
     raise ValueError(f"`prune`: `max_estimates` must be >= 0, got {max_estimates!r}.")
   budget_bytes = int(budget_bytes)
@@ -196,23 +227,28 @@ def prune(plan: Plan, budget_bytes: int, device: DeviceLike = None, *,
   # Once a screened pass removes nothing, the screened-out removals are
   # tried too (the screen counts a value's whole bytes, more than a
   # removal may add), while estimates last.
-  screen, batch = True, 4
+  screen, batch, streak = True, 4, 0
   while tries < max_estimates:
     savings = [_without(program, current, i, pricer)[1] for i in range(len(current))]
     order = sorted((i for i in range(len(current)) if savings[i] > 0),
                    key=lambda i: (-savings[i], i))
-    pending: list[tuple[int, int, int, Action]] = []
-    for i in order:
-      d = current[i]
-      key = (d.var, d.start, d.end, d.action)
-      if key in refused:
-        continue
-      if (screen and d.end - d.start > 1
-          and int(live[d.start + 1:d.end].max()) + d.nbytes > budget_bytes):
-        continue
-      pending.append(key)
+    pending = [(d.var, d.start, d.end, d.action) for d in (current[i] for i in order)]
+    pending = [key for key in pending if key not in refused]
+    held = {key: _held(program, d, plan.pinned) for d in current
+            if (key := (d.var, d.start, d.end, d.action)) in set(pending)}
+
+    def screened(key: tuple[int, int, int, Action]) -> bool:
+      _, start, end, _ = key
+      return end - start > 1 and int(live[start + 1:end].max()) + held[key] > budget_bytes
+
     progress = False
     while pending and tries < max_estimates:
+      if screen:
+        # Screened with the live bytes of the plan as it is now: each
+        # removal taken uses up some of the room under the budget.
+        pending = [key for key in pending if not screened(key)]
+        if not pending:
+          break
       take, pending = pending[:batch], pending[batch:]
       trial = current
       for key in take:
@@ -231,19 +267,25 @@ def prune(plan: Plan, budget_bytes: int, device: DeviceLike = None, *,
         live = _live_near(candidate.schedule())
         progress = True
         batch = min(2 * batch, 64)
+        streak = 0
       elif len(take) == 1:
         refused.add(take[0])
         batch = 1
+        streak += 1
+        if not screen and streak >= MAX_REFUSED_IN_A_ROW:
+          break
       else:
         half = len(take) // 2
         pending = take[:half] + take[half:] + pending
         batch = half
-    if not progress:
-      if not screen:
-        break
-      screen = False
-    else:
+    if not screen and streak >= MAX_REFUSED_IN_A_ROW:
+      break
+    if progress:
       screen = True
+    elif screen:
+      screen, streak = False, 0
+    else:
+      break
   if not removed:
     return plan
   pruned = common.finish(program, current, budget_bytes, f"{plan.planner}/pruned", plan.pinned,
@@ -255,4 +297,5 @@ def prune(plan: Plan, budget_bytes: int, device: DeviceLike = None, *,
   return plan
 
 
-__all__ = ["MAX_ESTIMATES", "PruneDiagnostics", "prune"]
+__all__ = ["MAX_ESTIMATES", "MAX_OPS_ESTIMATED", "MAX_REFUSED_IN_A_ROW", "MIN_ESTIMATES",
+           "default_estimates", "PruneDiagnostics", "prune"]
