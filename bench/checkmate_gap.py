@@ -88,6 +88,8 @@ def planners(prog, budget):
   yield "selective", get("selective")(prog, budget, DEVICE)
   yield "optimal", get("optimal")(prog, budget, DEVICE, allow_offload=False)
   yield "auto", get("auto")(prog, budget, DEVICE)
+  # The same without its final reverse delete (planners/prune.py): what that step buys.
+  yield "auto, no prune", get("auto")(prog, budget, DEVICE, prune_estimates=0)
 
 
 def main() -> None:
