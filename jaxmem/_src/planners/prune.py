@@ -12,7 +12,8 @@ expensive and removes each one the cover does not need. Here a decision is
 removed when the plan without it is still estimated within the budget (the
 same schedule estimate every planner finishes with,
 :func:`~jaxmem._src.planners.common.finish`), and the pruned plan is kept
-only when the simulator says it is faster.
+only when the simulator says it is faster. ``fit`` does not use it yet
+(it calls ``auto`` with ``prune_estimates=0``; `docs/design.md`, "Reverse delete").
 
 A remat decision shares its recomputation with the others restored at the
 same point (the schedule runs the union of their chains once). Removing one
