@@ -356,7 +356,8 @@ def test_plans_estimated_far_above_are_not_compiled_under_the_floor(monkeypatch,
 def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   # This CNN at 0.6 of its peak: the first plan (one decision) compiles 11% under
   # the budget, so `relax` plans for a target raised by the unused bytes, and
-  # again while a looser plan fits and simulates faster: each such plan is kept.
+  # again while a looser plan fits and simulates faster (here down to pins and
+  # lowering substitutions only): each such plan is kept.
   import cnn
   from jaxmem._src.plan.simulate import simulate
   step, args = cnn.build(batch_size=32, image_size=8, channels=(8, 8))
@@ -365,7 +366,7 @@ def test_relax_keeps_a_looser_plan_only_when_it_fits_and_is_faster():
   assert tight.budget_bytes - tight.peak_bytes >= 0.1 * tight.budget_bytes
   assert loose.peak_bytes <= loose.budget_bytes == tight.budget_bytes
   assert loose.rounds >= tight.rounds + 1
-  assert loose.plan.decisions != tight.plan.decisions
+  assert len(loose.plan.decisions) < len(tight.plan.decisions)
   assert simulate(loose.plan).step_time_s < simulate(tight.plan).step_time_s
   # Same values as the first plan's step (both are bit-identical to jax.jit here).
   out_tight = jaxmem.fit(0.6, relax=False)(step)(*args)
