@@ -1245,15 +1245,13 @@ class Fitted:
       # at batch 64 compiled to 1.50x the unplanned peak under greedy-remat's
       # most aggressive plan, 0.51x under segments-remat's).
       use = PLANNERS["segments-offload"]
-    if use is auto:
-      # Without `auto`'s reverse delete (planners/prune.py): it spends the
-      # estimate's slack under the target, which the search's rounds use to
-      # absorb the estimate's errors. Measured on the unrolled LSTM of
-      # issue 14's corpus at 0.3: 62 -> 90 s and a smallest reachable peak
-      # of 31.1 -> 32.4 MiB with it.
-      return use(program, target, self.device, copies=self.copies, window=self.window,
-                 prune_estimates=0)
-    return use(program, target, self.device, copies=self.copies, window=self.window)
+    # `auto` without its reverse delete (planners/prune.py): it spends the
+    # estimate's slack under the target, which the search's rounds use to
+    # absorb the estimate's errors. Measured on the unrolled LSTM of issue
+    # 14's corpus at 0.3: 62 -> 90 s and a smallest reachable peak of
+    # 31.1 -> 32.4 MiB with it.
+    options = {"prune_estimates": 0} if use is auto else {}
+    return use(program, target, self.device, copies=self.copies, window=self.window, **options)
 
 
 # Rounds that bisect between the best target so far and a tighter one that
