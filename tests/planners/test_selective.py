@@ -130,3 +130,58 @@ def test_greedy_gives_up_past_its_cost_bound(small_gpt):
   from jaxmem._src.planners import common
   again = common.finish(prog, cut.decisions, budget, "again", ())
   assert again.estimated_peak_bytes == cut.estimated_peak_bytes
+
+
+def _normalized_loss(w, x):
+  # A batch norm and a ReLU per layer: XLA fuses `h - mean` into its readers
+  # (no buffer of its own) and stores `h` and the ReLU's output.
+  for _ in range(3):
+    h = x @ w
+    c = h - jnp.mean(h, axis=0)
+    x = jax.nn.relu(c * jax.lax.rsqrt(jnp.mean(c * c, axis=0) + 1e-5))
+  return jnp.sum(x * x)
+
+
+def test_xla_lifetimes_chains_rebuild_fused_values_from_stored_ones():
+  """With `xla_lifetimes` (selective recomputation's chains), a ReLU after a batch
+  norm is rebuilt from the stored `h`, not from the fused `h - mean`: reading that
+  would make XLA store it over the gap, as many bytes as the decision frees.
+  (Estimated for a GPU, whose compiler fuses `h - mean` into its readers.)"""
+  from jaxmem._src.estimate.analysis import analyze_program
+  from jaxmem._src.ir.trace import trace
+  from jaxmem._src.planners import common
+  from jaxmem._src.planners.chains import ChainState, find_chain
+  w = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+  x = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+  prog = jaxmem.Program.of(analyze_program(trace(jax.grad(_normalized_loss), (w, x),
+                                                 backend="gpu")))
+  virtual = prog.profile.virtual
+  pricer = Pricer(prog, "h100-pcie")
+  relus = [g for g in common.candidate_gaps(prog)
+           if prog.ops[prog.vars[g.var].defined_by].primitive == "max" and g.end - g.start > 8]
+  assert relus
+  area = {}
+  for xla in (False, True):
+    decisions = []
+    for g in relus:
+      chain = find_chain(ChainState(prog, xla_lifetimes=xla), g.var, g.end, 16)
+      assert chain
+      decisions.append(common.Decision(g.var, Action.REMAT, g.start, g.end, chain, g.nbytes,
+                                       pricer.remat_seconds(chain)))
+      reads_fused = any(virtual[i] for i in common.chain_inputs(prog, chain)
+                        if not prog.vars[i].is_input)
+      assert reads_fused is not xla
+    plan = common.finish(prog, decisions, prog.peak_bytes, "relus", ())
+    area[xla] = int(plan.schedule().profile().live_bytes.sum())
+  # Bytes x positions held: the ReLUs' gaps no longer hold `h - mean` instead.
+  assert area[True] < area[False]
+
+
+def test_selective_plans_of_a_normalized_net_compute_the_same():
+  w = jax.random.normal(jax.random.PRNGKey(0), (256, 256)) / 16
+  x = jax.random.normal(jax.random.PRNGKey(1), (1024, 256))
+  step = jax.grad(_normalized_loss)
+  fitted = jaxmem.fit(0.75, planner="selective", device="h100-pcie")(step)
+  res = fitted.fit_result(w, x)
+  assert res.plan.decisions and res.peak_bytes <= res.budget_bytes
+  np.testing.assert_array_equal(fitted(w, x), jax.jit(step)(w, x))

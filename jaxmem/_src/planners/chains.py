@@ -19,24 +19,35 @@ from jaxmem._src.plan.decisions import Action, Decision
 class ChainState:
   """Decisions so far plus the events (def, uses) they add to each variable."""
 
-  def __init__(self, program: AnalyzedProgram):
+  def __init__(self, program: AnalyzedProgram, xla_lifetimes: bool = False):
     self.program = program
+    self.xla_lifetimes = xla_lifetimes
     self.decisions: list[Decision] = []
     self.extra_uses: dict[int, list[int]] = {}
     self.gaps: dict[int, list[tuple[int, int]]] = {}
+    self.intervals = program.profile.intervals
 
   def events(self, vid: int) -> list[int]:
     v = self.program.vars[vid]
     ev = sorted({v.defined_by, *v.uses, *self.extra_uses.get(vid, ())})
     return ev
 
-  def available(self, vid: int, pos: int) -> bool:
-    """Can a value of ``vid`` be read just before op ``pos`` without extending its life?"""
+  def available(self, vid: int, pos: int, fused: bool = False) -> bool:
+    """Can a value of ``vid`` be read just before op ``pos`` without extending its life?
+
+    ``fused``: by a value XLA fuses away that the chain rebuilds there. Its
+    inputs then count as live as long as the estimate keeps them (XLA keeps
+    the inputs of a fused value as long as its readers, past their own last
+    use in the program).
+    """
     v = self.program.vars[vid]
     if v.is_input:
       return True
     ev = self.events(vid)
-    if not (v.defined_by < pos <= ev[-1] or v.is_output and v.defined_by < pos):
+    last = ev[-1]
+    if (fused or self.xla_lifetimes) and self.intervals is not None:
+      last = max(last, self.intervals[vid][1])
+    if not (v.defined_by < pos <= last or v.is_output and v.defined_by < pos):
       return False
     return not any(a < pos <= b for a, b in self.gaps.get(vid, ()))
 
@@ -69,16 +80,36 @@ def find_chain(state: ChainState, vid: int, pos: int, max_ops: int = 8,
   """
   prog = state.program
   ok = prog.rematerializable
+  virtual = prog.profile.virtual
+  constant = prog.constant_like
   chain: list[int] = []
   seen: set[int] = set(made) if made else set()
   budget = len(seen) + max_ops
 
-  def need(x: int, force: bool = False) -> bool:
+  def need(x: int, force: bool = False, fused: bool = False) -> bool:
     v = prog.vars[x]
-    if not force and state.available(x, pos):
+    if not force and state.available(x, pos, fused):
+      # A value XLA fuses into its readers has no buffer: reading it where
+      # it is restored would make XLA store it for the whole gap (a fence,
+      # ``schedule.fence_points``, or a fusion that cannot take it), as many
+      # bytes as the decision frees (ResNet-50: ``x - mean`` of every
+      # BatchNorm, read to rebuild its ReLU). The chain rebuilds it from
+      # stored values where it can (fused ops only, which cost no traffic);
+      # where it cannot, it reads it.
+      if (state.xla_lifetimes and virtual is not None and virtual[x] and not v.is_input
+          and not constant[x]
+          and v.defined_by not in seen):
+        mark, before = len(chain), set(seen)
+        if need(x, force=True, fused=True):
+          return True
+        del chain[mark:]
+        seen.clear()
+        seen.update(before)
       return True
     if v.is_input:
       return True
+    if fused and not force and (virtual is None or not virtual[x]):
+      return False      # a stored value gone by then: not rebuilt for a fused one
     k = v.defined_by
     if k in seen:
       return True
@@ -88,7 +119,7 @@ def find_chain(state: ChainState, vid: int, pos: int, max_ops: int = 8,
       return False
     seen.add(k)
     for y in prog.ops[k].input_ids():
-      if not need(y):
+      if not need(y, fused=fused):
         return False
     chain.append(k)
     return True

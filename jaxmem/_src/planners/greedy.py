@@ -71,7 +71,8 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
            min_bytes: int | None = None, max_chain: int = 8,
            allow_remat: bool = True, allow_offload: bool = True,
            initial: Iterable[Decision] = (), rank: Rank = "area",
-           pinned: bool = True, max_cost_s: float = float("inf")) -> Plan:
+           pinned: bool = True, max_cost_s: float = float("inf"),
+           xla_lifetimes: bool = False) -> Plan:
   """Greedy remat/offload plan aiming at an estimated peak of ``budget_bytes``.
 
   Args:
@@ -119,7 +120,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   try:
     key: tuple[object, ...] | None = (int(budget_bytes), dev, copies, window, min_bytes,
                                       max_chain, allow_remat, allow_offload, initial, rank, pinned,
-                                      max_cost_s)
+                                      max_cost_s, xla_lifetimes)
     hash(key)
   except TypeError:        # an unhashable `window`: `build_schedule` names it below
     key = None
@@ -129,7 +130,7 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
   if rank not in RANKS:
     raise ValueError(f"`greedy`: `rank={rank!r}` is not one of {RANKS}.")
   plan = _greedy(program, budget_bytes, dev, copies, window, min_bytes, max_chain, allow_remat,
-                 allow_offload, initial, rank, pinned, max_cost_s)
+                 allow_offload, initial, rank, pinned, max_cost_s, xla_lifetimes)
   if key is not None:
     program.__dict__["_greedy_plans"][key] = plan
   return plan
@@ -138,12 +139,13 @@ def greedy(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = Non
 def _greedy(program: AnalyzedProgram, budget_bytes: int, dev: DeviceProfile, copies: CopyMode,
             window: Window, min_bytes: int | None, max_chain: int, allow_remat: bool,
             allow_offload: bool, initial: tuple[Decision, ...], rank: Rank,
-            pinned: bool, max_cost_s: float = float("inf")) -> Plan:
+            pinned: bool, max_cost_s: float = float("inf"),
+            xla_lifetimes: bool = False) -> Plan:
   """:func:`greedy`, not cached."""
   unplanned = program.profile.peak_bytes
   if min_bytes is None:
     min_bytes = max(1, unplanned // 1000)
-  state = ChainState(program)
+  state = ChainState(program, xla_lifetimes)
   for d in initial:
     state.add(d)
   pricer = Pricer(program, dev)

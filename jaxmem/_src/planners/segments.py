@@ -167,7 +167,8 @@ def _residuals(program: AnalyzedProgram) -> dict[int, common.Gap]:
 
 def _find_segments(program: AnalyzedProgram, pricer: common.Pricer,
                    residual: dict[int, common.Gap], cuts: list[int], min_bytes: int | None,
-                   group: int = 1, depth: int | None = None) -> list[Segment]:
+                   group: int = 1, depth: int | None = None,
+                   xla_lifetimes: bool = False) -> list[Segment]:
   """:func:`find_segments` from the program's residuals and cuts, computed once by the caller."""
   if min_bytes is None:
     min_bytes = max(1, program.profile.peak_bytes // 1000)
@@ -186,7 +187,7 @@ def _find_segments(program: AnalyzedProgram, pricer: common.Pricer,
             if o in residual and residual[o].start <= hi]
     if sum(g.nbytes for g in gaps) < min_bytes and hi != bounds[-1]:
       continue   # too small to be worth a recomputation: merge into the next segment
-    seg = _segment(program, lo, hi, gaps, pricer)
+    seg = _segment(program, lo, hi, gaps, pricer, xla_lifetimes)
     if seg is not None:
       out.append(seg)
     lo = hi
@@ -194,11 +195,11 @@ def _find_segments(program: AnalyzedProgram, pricer: common.Pricer,
 
 
 def _segment(program: AnalyzedProgram, lo: int, hi: int, gaps: list[common.Gap],
-             pricer: common.Pricer) -> Segment | None:
+             pricer: common.Pricer, xla_lifetimes: bool = False) -> Segment | None:
   if not gaps:
     return None
   restore = min(g.end for g in gaps)
-  state = ChainState(program)
+  state = ChainState(program, xla_lifetimes)
   # The checkpoint: every value crossing the cut at `lo` stays alive until the
   # restore point (the chains start from it instead of recomputing it).
   # (The segment's own inputs, not a scan of every value: `_segment` runs for
@@ -394,13 +395,17 @@ def segments_within(program: AnalyzedProgram, budget_bytes: int, device: DeviceL
 
 
 def segmentations(program: AnalyzedProgram, device: DeviceLike, *, min_bytes: int | None = None,
-                  group: int | str | None = None) -> list[list[Segment]]:
+                  group: int | str | None = None,
+                  xla_lifetimes: bool = False) -> list[list[Segment]]:
   """The distinct segmentations :func:`segments_within` searches, each ranked by :func:`_ranked`.
 
   ``group`` as in :func:`segments`: ``None`` gives segments of 1, 2, 4, ...
   cuts and the module-aligned ones at every module depth. They do not depend
   on the budget, so callers that plan several budgets
   (:func:`~jaxmem._src.planners.selective.selective`) cut them once.
+  ``xla_lifetimes``: the chains read values as long as the estimate keeps
+  them alive, not only to their last use in the program
+  (:class:`~jaxmem._src.planners.chains.ChainState`).
   """
   if group is not None and group != "modules" and (
       isinstance(group, bool) or not isinstance(group, int) or group < 1):
@@ -410,15 +415,16 @@ def segmentations(program: AnalyzedProgram, device: DeviceLike, *, min_bytes: in
   # times (the pinned and unpinned segment searches, selective
   # recomputation), about 0.2 s each on ResNet-50. Segments are immutable
   # and callers only slice the lists.
-  key = (device_profile(device), min_bytes, group)
+  key = (device_profile(device), min_bytes, group, xla_lifetimes)
   memo = program.__dict__.setdefault("_segmentations", {})
   if key not in memo:
-    memo[key] = _cut_segmentations(program, device, min_bytes, group)
+    memo[key] = _cut_segmentations(program, device, min_bytes, group, xla_lifetimes)
   return list(memo[key])
 
 
 def _cut_segmentations(program: AnalyzedProgram, device: DeviceLike, min_bytes: int | None,
-                       group: int | str | None) -> tuple[list[Segment], ...]:
+                       group: int | str | None,
+                       xla_lifetimes: bool = False) -> tuple[list[Segment], ...]:
   """:func:`segmentations`, not cached."""
   out: list[list[Segment]] = []
   seen: set[tuple[int, ...]] = set()
@@ -436,7 +442,8 @@ def _cut_segmentations(program: AnalyzedProgram, device: DeviceLike, min_bytes: 
   if group is None or isinstance(group, int):
     size = 1 if group is None else group
     while True:
-      segs = _ranked(_find_segments(program, pricer, residual, cuts, min_bytes, size))
+      segs = _ranked(_find_segments(program, pricer, residual, cuts, min_bytes, size,
+                                    xla_lifetimes=xla_lifetimes))
       consider(segs)
       if group is not None or len(segs) <= 2:
         break
@@ -444,9 +451,11 @@ def _cut_segmentations(program: AnalyzedProgram, device: DeviceLike, min_bytes: 
   if group is None or group == "modules":
     depths = max((op.module.count("/") + 1 for op in program.ops if op.module), default=0)
     for depth in range(1, depths + 1):
-      consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes, depth=depth)))
+      consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes, depth=depth,
+                                      xla_lifetimes=xla_lifetimes)))
   if not out:
-    consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes)))
+    consider(_ranked(_find_segments(program, pricer, residual, cuts, min_bytes,
+                                    xla_lifetimes=xla_lifetimes)))
   return tuple(out)
 
 

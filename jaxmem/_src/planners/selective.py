@@ -103,10 +103,17 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
   dev = device_profile(device)
   peak = program.profile.peak_bytes
   budget_bytes = int(budget_bytes)
-  opts = dict(rank="cost", allow_offload=False, pinned=False, max_chain=max_chain)
+  opts = dict(rank="cost", allow_offload=False, pinned=False, max_chain=max_chain,
+              xla_lifetimes=True)
   # The segmentations are cut once; each share searches them for the
   # fastest segment plan that fits its looser budget.
-  cut = segmentations(program, dev) if any(shares) else []
+  # Its segment plans' chains read what the estimate keeps alive (a
+  # BatchNorm's input, live as long as its fused normalization is read):
+  # selection on top then rebuilds elementwise outputs from them instead of
+  # whole segments (ResNet-50 at half its peak on h100-sxm: +12.4% -> +8.7%).
+  # Alone, such segments fit less often: their chains keep the values the
+  # segments' restores would otherwise let go.
+  cut = segmentations(program, dev, xla_lifetimes=True) if any(shares) else []
   best: tuple[tuple[float, int], Plan] | None = None
   base_s = program_time(program, dev)
   for share in shares:
