@@ -185,3 +185,17 @@ def test_selective_plans_of_a_normalized_net_compute_the_same():
   res = fitted.fit_result(w, x)
   assert res.plan.decisions and res.peak_bytes <= res.budget_bytes
   np.testing.assert_array_equal(fitted(w, x), jax.jit(step)(w, x))
+
+
+def test_auto_runs_selective_recomputation_both_ways(small_gpt):
+  """`auto` compares selective recomputation with the program's lifetimes and with
+  XLA's (`xla_lifetimes`): neither wins everywhere (docs/design.md)."""
+  _, _, prog = small_gpt
+  budget = int(0.5 * prog.peak_bytes)
+  plan = jaxmem.get_planner("auto")(prog, budget, "h100-pcie")
+  names = [row[0] for row in plan.diagnostic(AutoDiagnostics).rows]
+  assert any(n.startswith(("selective", "segments+selective")) and "(xla)" not in n
+             for n in names), names
+  assert any(n.endswith("selective(xla)") for n in names), names
+  xla = selective(prog, budget, "h100-pcie", xla_lifetimes=True)
+  assert xla.planner.endswith("(xla)") and xla.estimated_peak_bytes <= budget

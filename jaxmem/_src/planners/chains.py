@@ -6,6 +6,9 @@ until every input is *available* at the restore point (an argument, or a value
 whose lifetime, with the decisions made so far, covers that point), the walk
 the greedy planner, the segment planner and the MILP's columns share.
 :class:`ChainState` records the decisions made so far and the uses they add.
+With ``xla_lifetimes``, availability follows the estimate instead (XLA
+keeps the inputs of a fused value as long as its readers, and stores no
+fused value): see ``docs/design.md``, "Chains that read what XLA stores".
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from jaxmem._src.plan.decisions import Action, Decision
 
 
 class ChainState:
-  """Decisions so far plus the events (def, uses) they add to each variable."""
+  """Decisions so far plus the events (def, uses) they add to each variable.
+
+  ``xla_lifetimes``: a value is available while the estimate keeps it alive
+  (``Profile.intervals``), not only to its last use in the program, and
+  :func:`find_chain` rebuilds a value XLA fuses away from stored values
+  instead of reading it. Selective recomputation can plan with it (``auto``
+  runs it both ways); whole segments do not (a segment's restore ends the
+  originals' lives early).
+  """
 
   def __init__(self, program: AnalyzedProgram, xla_lifetimes: bool = False):
     self.program = program

@@ -27,9 +27,17 @@ unfused kernels that selection exists to avoid).
 
 Measured (simulated, ``h100-sxm``) on the GPT example (4x128, seq 128, batch
 16): at 0.7 of its estimated peak ``segments`` costs +7.7% and this planner
-+2.2%; on ResNet-50 selection loses to whole segments (its BatchNorm outputs
-are cheap per FLOP but their recomputation moves as many bytes as it frees),
-which is why ``auto`` compares both.
++2.2%; on ResNet-50 selection alone loses to whole segments (its BatchNorm
+outputs are cheap per FLOP but their recomputation moves as many bytes as it
+frees), which is why ``auto`` compares both.
+
+Its chains take XLA's view of what is stored
+(:class:`~jaxmem._src.planners.chains.ChainState` with ``xla_lifetimes``): a
+value XLA fuses away is rebuilt from the stored values it is computed from,
+not read (which would make XLA store it over the gap), and a value is read
+as long as the estimate keeps it alive. A ReLU after a BatchNorm is then one
+elementwise kernel from the convolution's output: ResNet-50 at half its peak
+on ``h100-sxm`` went from +12.4% (``auto``'s whole segments) to +8.7%.
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ SEGMENT_SHARES = (0.0, 0.2, 0.4, 0.6, 0.8)
 def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None, *,
               copies: CopyMode = "sync", window: Window = None, max_chain: int = 16,
               shares: tuple[float, ...] = SEGMENT_SHARES,
-              cap_s: float = float("inf"), beat_s: float = float("inf")) -> Plan:
+              cap_s: float = float("inf"), beat_s: float = float("inf"),
+              xla_lifetimes: bool = False) -> Plan:
   """Selective recomputation (cheapest bytes first), alone and on top of segment plans.
 
   Args:
@@ -79,10 +88,15 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
       whole plans there at 0.83 of it at the least). The plan returned is
       the same where a share's plan would not have been faster; only a
       plan that fits nowhere may differ.
+    xla_lifetimes: plan the chains, of the segments and of the selection,
+      with XLA's view of what is stored
+      (:class:`~jaxmem._src.planners.chains.ChainState`); the plans are named
+      with a ``(xla)`` suffix. ``auto`` runs both.
 
   Returns:
-    The fastest fitting plan, named ``selective`` or ``segments+selective``;
-    the lowest when none fits.
+    The fastest fitting plan, named ``selective`` or ``segments+selective``
+    (``selective(xla)``, ``segments+selective(xla)``); the lowest when none
+    fits.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxmem
@@ -104,7 +118,7 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
   peak = program.profile.peak_bytes
   budget_bytes = int(budget_bytes)
   opts = dict(rank="cost", allow_offload=False, pinned=False, max_chain=max_chain,
-              xla_lifetimes=True)
+              xla_lifetimes=xla_lifetimes)
   # The segmentations are cut once; each share searches them for the
   # fastest segment plan that fits its looser budget.
   # Its segment plans' chains read what the estimate keeps alive (a
@@ -113,7 +127,8 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
   # whole segments (ResNet-50 at half its peak on h100-sxm: +12.4% -> +8.7%).
   # Alone, such segments fit less often: their chains keep the values the
   # segments' restores would otherwise let go.
-  cut = segmentations(program, dev, xla_lifetimes=True) if any(shares) else []
+  cut = segmentations(program, dev, xla_lifetimes=xla_lifetimes) if any(shares) else []
+  suffix = "(xla)" if xla_lifetimes else ""
   best: tuple[tuple[float, int], Plan] | None = None
   base_s = program_time(program, dev)
   for share in shares:
@@ -121,7 +136,7 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
     limit = min(beat_s, best[0][0] if best is not None else float("inf"))
     if share == 0.0:
       plan = greedy(program, budget_bytes, dev, max_cost_s=2.0 * (limit - base_s), **opts)
-      plan = plan.replace(planner="selective")
+      plan = plan.replace(planner="selective" + suffix)
     else:
       loose = int(peak - share * (peak - budget_bytes))
       seg = segments_within(program, loose, dev, cap_s, pinned=False, fill=False,
@@ -133,14 +148,14 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
         continue            # the segments alone are no faster than a plan we have
       plan = greedy(program, budget_bytes, dev, initial=seg.decisions,
                     max_cost_s=2.0 * (limit - prefix_s), **opts)
-      plan = plan.replace(planner="segments+selective")
+      plan = plan.replace(planner="segments+selective" + suffix)
     fits = plan.estimated_peak_bytes <= budget_bytes
     key = ((simulate(plan, dev).step_time_s if fits else float("inf")),
            plan.estimated_peak_bytes)
     if best is None or key < best[0]:
       best = (key, plan)
   if best is None:      # every segment plan was capped: selection alone
-    return greedy(program, budget_bytes, dev, **opts).replace(planner="selective")
+    return greedy(program, budget_bytes, dev, **opts).replace(planner="selective" + suffix)
   return best[1]
 
 
