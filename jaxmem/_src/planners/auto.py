@@ -99,7 +99,8 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
          prune_estimates: int | None = None) -> Plan:
   """The fastest plan (simulated on ``device``) among the planners that fit ``budget_bytes``.
 
-  Planners run in ``planners`` order. An offload-only planner (vDNN, Layrub,
+  Planners run in ``planners`` order, the offload-only ones last (after
+  selective recomputation). An offload-only planner (vDNN, Layrub,
   AutoSwap, the window scheduler) is skipped once a fitting plan is faster
   than :func:`offload_overhead_bound`: it cannot win (ResNet-50 at half its
   peak on a PCIe GPU moves gigabytes per step). The segment planner searches
@@ -180,9 +181,10 @@ def auto(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = None,
   # recomputing plan: where no segment plan fits on its own (ResNet-50 at
   # half its peak, where selection on top of segments rebuilds the
   # BatchNorm outputs), four planners that cannot win would run.
-  order = [n for n in planners if n not in OFFLOAD_ONLY and not (n == "selective"
-                                                                  and selective_last)]
-  order += ["selective"] * selective_last + [n for n in planners if n in OFFLOAD_ONLY]
+  order = [n for n in planners if n not in OFFLOAD_ONLY]
+  if selective_last:
+    order = [n for n in order if n != "selective"] + ["selective"]
+  order += [n for n in planners if n in OFFLOAD_ONLY]
   for name in order:
     if name == "selective" and selective_last:
       # Twice: with the program's lifetimes, and with XLA's view of what is

@@ -43,20 +43,16 @@ class ChainState:
     ev = sorted({v.defined_by, *v.uses, *self.extra_uses.get(vid, ())})
     return ev
 
-  def available(self, vid: int, pos: int, fused: bool = False) -> bool:
-    """Can a value of ``vid`` be read just before op ``pos`` without extending its life?
-
-    ``fused``: by a value XLA fuses away that the chain rebuilds there. Its
-    inputs then count as live as long as the estimate keeps them (XLA keeps
-    the inputs of a fused value as long as its readers, past their own last
-    use in the program).
-    """
+  def available(self, vid: int, pos: int) -> bool:
+    """Can a value of ``vid`` be read just before op ``pos`` without extending its life?"""
     v = self.program.vars[vid]
     if v.is_input:
       return True
     ev = self.events(vid)
     last = ev[-1]
-    if (fused or self.xla_lifetimes) and self.intervals is not None:
+    if self.xla_lifetimes and self.intervals is not None:
+      # XLA keeps the inputs of a fused value as long as its readers, past
+      # their own last use in the program.
       last = max(last, self.intervals[vid][1])
     if not (v.defined_by < pos <= last or v.is_output and v.defined_by < pos):
       return False
@@ -99,7 +95,7 @@ def find_chain(state: ChainState, vid: int, pos: int, max_ops: int = 8,
 
   def need(x: int, force: bool = False, fused: bool = False) -> bool:
     v = prog.vars[x]
-    if not force and state.available(x, pos, fused):
+    if not force and state.available(x, pos):
       # A value XLA fuses into its readers has no buffer: reading it where
       # it is restored would make XLA store it for the whole gap (a fence,
       # ``schedule.fence_points``, or a fusion that cannot take it), as many
@@ -108,8 +104,7 @@ def find_chain(state: ChainState, vid: int, pos: int, max_ops: int = 8,
       # stored values where it can (fused ops only, which cost no traffic);
       # where it cannot, it reads it.
       if (state.xla_lifetimes and virtual is not None and virtual[x] and not v.is_input
-          and not constant[x]
-          and v.defined_by not in seen):
+          and not constant[x] and v.defined_by not in seen):
         mark, before = len(chain), set(seen)
         if need(x, force=True, fused=True):
           return True

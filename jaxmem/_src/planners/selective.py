@@ -31,7 +31,7 @@ Measured (simulated, ``h100-sxm``) on the GPT example (4x128, seq 128, batch
 outputs are cheap per FLOP but their recomputation moves as many bytes as it
 frees), which is why ``auto`` compares both.
 
-Its chains take XLA's view of what is stored
+With ``xla_lifetimes`` its chains take XLA's view of what is stored
 (:class:`~jaxmem._src.planners.chains.ChainState` with ``xla_lifetimes``): a
 value XLA fuses away is rebuilt from the stored values it is computed from,
 not read (which would make XLA store it over the gap), and a value is read
@@ -121,12 +121,12 @@ def selective(program: AnalyzedProgram, budget_bytes: int, device: DeviceLike = 
               xla_lifetimes=xla_lifetimes)
   # The segmentations are cut once; each share searches them for the
   # fastest segment plan that fits its looser budget.
-  # Its segment plans' chains read what the estimate keeps alive (a
-  # BatchNorm's input, live as long as its fused normalization is read):
-  # selection on top then rebuilds elementwise outputs from them instead of
-  # whole segments (ResNet-50 at half its peak on h100-sxm: +12.4% -> +8.7%).
-  # Alone, such segments fit less often: their chains keep the values the
-  # segments' restores would otherwise let go.
+  # With `xla_lifetimes` its segment plans' chains read what the estimate
+  # keeps alive (a BatchNorm's input, live as long as its fused
+  # normalization is read): selection on top then rebuilds elementwise
+  # outputs from them instead of whole segments (ResNet-50 at half its peak
+  # on h100-sxm: +12.4% -> +8.7%). Alone, such segments fit less often:
+  # their chains keep the values the segments' restores would let go.
   cut = segmentations(program, dev, xla_lifetimes=xla_lifetimes) if any(shares) else []
   suffix = "(xla)" if xla_lifetimes else ""
   best: tuple[tuple[float, int], Plan] | None = None
