@@ -102,3 +102,23 @@ def test_auto_keeps_the_pruned_plan_only_where_it_is_faster(attention):
   assert not any(r[0].endswith("/pruned") for r in without.diagnostic(AutoDiagnostics).rows)
   assert (jaxmem.simulate(plan, "h100-sxm").step_time_s
           <= jaxmem.simulate(without, "h100-sxm").step_time_s)
+
+
+def test_auto_prunes_the_fastest_plan_and_its_close_runner_ups(attention):
+  from jaxmem._src.planners.auto import MAX_PRUNED, PRUNE_RUNNER_UP, worth_pruning
+  _, _, prog = attention
+  budget = int(0.7 * prog.peak_bytes)
+  a = segments(prog, budget, "h100-sxm")
+  b = a.replace(decisions=a.decisions[:-1], planner="other")
+  assert frozenset(a.decisions) != frozenset(b.decisions)
+  base = 1.0
+  # Fastest first; a copy of a plan's decisions is pruned once; a plan that
+  # does not fit (inf) never; a runner-up past the factor is left out.
+  timed = [(1.12, b), (float("inf"), b), (1.1, a), (1.1, a.replace(planner="copy"))]
+  assert worth_pruning(timed, base) == [a, b]
+  far = [(1.1, a), (base + 0.1 * PRUNE_RUNNER_UP * 1.01, b)]
+  assert worth_pruning(far, base) == [a]
+  assert len(a.decisions) >= MAX_PRUNED + 1
+  many = [(1.1, a.replace(decisions=a.decisions[:k])) for k in range(1, MAX_PRUNED + 2)]
+  assert len(worth_pruning(many, base)) == MAX_PRUNED
+  assert worth_pruning([(float("inf"), a)], base) == []
