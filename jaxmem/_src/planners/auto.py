@@ -99,11 +99,11 @@ def worth_pruning(timed: Sequence[tuple[float, Plan]], base_s: float) -> list[Pl
   ``timed``: (simulated step time, plan) per plan tried, ``inf`` for one that
   does not fit; ``base_s``: the unplanned step's time.
   """
-  fitting = sorted(((t, i, p) for i, (t, p) in enumerate(timed) if t < float("inf")),
-                   key=lambda x: (x[0], x[1]))
+  # (A stable sort: of plans with the same time, the one tried first leads.)
+  fitting = sorted((tp for tp in timed if tp[0] < float("inf")), key=lambda tp: tp[0])
   chosen: list[Plan] = []
   seen: set[frozenset[Decision]] = set()
-  for t, _, plan in fitting:
+  for t, plan in fitting:
     if chosen and (t - base_s) > PRUNE_RUNNER_UP * (fitting[0][0] - base_s):
       break
     key = frozenset(plan.decisions)
